@@ -1,0 +1,119 @@
+"""Composers: turn one step's fresh rollouts plus a draw from the store into the training batch.
+
+Fresh-anchored (`compose`): all fresh rollouts, then k = round(ratio * n_fresh) replayed ones.
+RLEP (`compose_rlep`): replayed successes join their prompt's fresh group and the advantages of
+each enlarged group are recomputed over G + M. In both, fresh rollouts are never displaced.
+Composers read the store but never change it (the buffer counts reuse and inserts).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replay.config import ReplayConfig
+from replay.record import RolloutBatch
+from replay.samplers import Sampler
+from replay.store import RolloutStore
+
+
+@dataclass(frozen=True, eq=False)
+class Composition:
+    """One step's training data. `batch` = fresh then replayed (RLEP: reordered by group)."""
+
+    fresh: RolloutBatch  # all of the step's fresh rollouts (RLEP: advantages of enlarged groups recomputed)
+    replayed: RolloutBatch  # (m rollouts) drawn from the store, possibly empty
+    weights: np.ndarray  # (m,) float32 importance weights of the replayed rollouts
+    indices: np.ndarray  # (m,) int64 store-view indices they were drawn at
+    info: dict[str, float] = field(default_factory=dict)
+    order: np.ndarray | None = None  # RLEP: permutation of fresh + replayed that groups by prompt
+
+    @functools.cached_property
+    def batch(self) -> RolloutBatch:
+        both = RolloutBatch.concat([self.fresh, self.replayed])
+        return both if self.order is None else both.select(self.order)
+
+    @property
+    def is_replay(self) -> np.ndarray:
+        """(len(batch),) bool: which rows of `batch` are replayed (to split statistics)."""
+        flags = np.r_[np.zeros(len(self.fresh), np.bool_), np.ones(len(self.replayed), np.bool_)]
+        return flags if self.order is None else flags[self.order]
+
+    @property
+    def sample_weights(self) -> np.ndarray:
+        """(len(batch),) float32: 1 for fresh rows, the importance weight for replayed rows."""
+        w = np.r_[np.ones(len(self.fresh), np.float32), self.weights].astype(np.float32)
+        return w if self.order is None else w[self.order]
+
+
+def replay_count(n_fresh: int, ratio: float, step: int, warmup: int, available: int) -> int:
+    """k = round(ratio * n_fresh) (halves up), 0 before `warmup`, never more than `available`."""
+    if step < warmup:
+        return 0
+    return max(0, min(math.floor(ratio * n_fresh + 0.5), available))
+
+
+def group_normalise(rewards: np.ndarray, group_index: np.ndarray, divide_by_std: bool = True) -> np.ndarray:
+    """GRPO advantages as OpenRLHF's `group_norm`: (r - mean) / (std + 1e-9) within each group,
+    std with Bessel's correction (torch's default); `divide_by_std=False` is `dr_grpo`.
+
+    rewards (N,), group_index (N,) ints in [0, G); returns (N,) float32. A group of one has no
+    spread: its advantage is 0 (torch would give NaN).
+    """
+    r = rewards.astype(np.float64)
+    counts = np.bincount(group_index)
+    mean = np.bincount(group_index, weights=r) / np.maximum(counts, 1)
+    dev = r - mean[group_index]
+    if not divide_by_std:
+        return dev.astype(np.float32)
+    var = np.bincount(group_index, weights=dev * dev) / np.maximum(counts - 1, 1)
+    adv = dev / (np.sqrt(var)[group_index] + 1e-9)
+    return np.where(counts[group_index] > 1, adv, 0.0).astype(np.float32)
+
+
+def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
+            rng: np.random.Generator) -> Composition:
+    """Fresh-anchored batch: every fresh rollout, plus up to round(ratio * n_fresh) replayed ones."""
+    k = replay_count(len(fresh), config.ratio, step, config.warmup, len(store))
+    if k == 0:
+        return _fresh_only(fresh)
+    draw = sampler(store.view(), k, step, rng, fresh_prompt_uids=fresh.prompt_uids)
+    return Composition(fresh, store.gather(draw.indices), draw.weights, draw.indices, dict(draw.info))
+
+
+def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
+                 rng: np.random.Generator, *, divide_by_std: bool = True) -> Composition:
+    """RLEP: up to `per_prompt` stored successes of each fresh prompt join that prompt's fresh
+    group (they take its group id); advantages of each enlarged group are recomputed over all
+    its members. Groups that got no replay keep their advantages untouched."""
+    uids = fresh.prompt_uids[np.sort(np.unique(fresh.prompt_uids, return_index=True)[1])]
+    if step < config.warmup or not len(store) or not len(uids):
+        return _fresh_only(fresh)
+    draw = sampler(store.view(), config.per_prompt * len(uids), step, rng, fresh_prompt_uids=uids)
+    if not len(draw.indices):
+        return _fresh_only(fresh, dict(draw.info))
+    replayed = store.gather(draw.indices)
+    # Each replayed rollout joins the first fresh group of its prompt.
+    first_row = {int(u): i for i, u in reversed(list(enumerate(fresh.prompt_uids.tolist())))}
+    host_row = np.array([first_row[int(u)] for u in replayed.prompt_uids.tolist()], np.int64)
+    replayed = replayed.replace(group_ids=fresh.group_ids[host_row].copy())
+    # Dense group index over fresh + replayed; a group's rank = its first fresh row.
+    _, first, group = np.unique(fresh.group_ids, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))  # group -> order of first appearance
+    group_all = np.r_[group.reshape(-1), group[host_row].reshape(-1)]
+    enlarged = np.zeros(len(first), np.bool_)
+    enlarged[group[host_row]] = True
+    rewards = np.r_[fresh.rewards, replayed.rewards]
+    new_adv = group_normalise(rewards, group_all, divide_by_std)
+    adv = np.where(enlarged[group_all], new_adv, np.r_[fresh.advantages, replayed.advantages]).astype(np.float32)
+    n = len(fresh)
+    order = np.lexsort((np.arange(len(group_all)), rank[group_all]))  # by group, fresh before replayed
+    info = dict(draw.info) | {"enlarged_group_fraction": float(enlarged.mean())}
+    return Composition(fresh.replace(advantages=adv[:n]), replayed.replace(advantages=adv[n:]), draw.weights,
+                       draw.indices, info, order=order)
+
+
+def _fresh_only(fresh: RolloutBatch, info: dict[str, float] | None = None) -> Composition:
+    return Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64), info or {})

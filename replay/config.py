@@ -1,0 +1,211 @@
+"""`ReplayConfig`: every knob of the replay core, its CLI flags and its derived values.
+
+The docstring under each field is the one source of its `--help` text (parsed from this file).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import math
+import textwrap
+import typing
+from dataclasses import dataclass
+from typing import Any, Optional
+
+MODES = ("none", "naive", "uniform", "advantage", "freshness", "success")
+OFF_POLICY = ("stale", "refresh")
+# Per mode: the sampler in samplers.SAMPLERS, the store's keep rule (store.KEEP_RULES) and the
+# default age limit (None = none: naive and freshness evict FIFO by capacity only).
+_MODE_SAMPLER = {"naive": "group", "uniform": "uniform", "advantage": "advantage",
+                 "freshness": "freshness", "success": "success"}
+_MODE_KEEP = {"naive": "nonzero_group", "uniform": "nonzero_advantage", "advantage": "nonzero_advantage",
+              "freshness": "nonzero_advantage", "success": "success"}
+_MODE_MAX_AGE = {"naive": None, "uniform": 10, "advantage": 10, "freshness": None, "success": 10}
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Rollout-level replay for GRPO (METHOD.md sections 2-3). Flags: `--replay.<field>`."""
+
+    mode: str = "none"
+    """Replay variant: none (plain GRPO), naive (whole groups, FIFO, uniform with replacement), uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: priority decayed by age), success (RLEP: verified-correct rollouts join their prompt's fresh group)."""
+    ratio: float = 0.5
+    """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), rounding halves up."""
+    warmup: int = 20
+    """Steps without replay: replay starts at step >= warmup (the buffer fills meanwhile)."""
+    max_age: Optional[int] = None
+    """Age limit in steps (age = step - version; older rollouts are evicted). Unset: the mode's default (10 for uniform, advantage, success; none for naive, freshness). 0: no age limit."""
+    capacity: int = 30000
+    """Most rollouts held; the oldest go first when full."""
+    alpha: Optional[float] = None
+    """Priority exponent. Unset: 0.6 for freshness, 0.5 otherwise."""
+    eps: float = 1e-6
+    """Added to |A| before the exponent, so every stored rollout can be drawn."""
+    replacement: bool = False
+    """Draw with replacement within a step (uniform, advantage, freshness; naive always replaces)."""
+    tau: float = 500.0
+    """Freshness decay time in steps: priority * exp(-age / tau)."""
+    beta_start: float = 0.4
+    """Freshness importance-weight exponent at step 0."""
+    beta_end: float = 1.0
+    """Freshness importance-weight exponent after beta_steps."""
+    beta_steps: int = 1000
+    """Steps over which beta moves linearly from beta_start to beta_end."""
+    per_prompt: int = 2
+    """RLEP: replayed successes per fresh prompt (M; the group grows from G to G + M)."""
+    success_threshold: float = 0.5
+    """A rollout is verified-correct when its reward > this."""
+    min_abs_advantage: float = 1e-6
+    """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups; not applied in success mode)."""
+    off_policy: str = "stale"
+    """stale: pi_old of a replayed rollout is its stored behaviour log-prob; refresh: recompute pi_old under the current weights and correct with a truncated importance weight."""
+    seed: int = 0
+    """Seed of the buffer's own random generator (sampling)."""
+    allow_empty_resume: bool = False
+    """On resume, start with an empty buffer when the replay checkpoint is missing, instead of failing."""
+
+    def __post_init__(self) -> None:
+        _choice("mode", self.mode, MODES)
+        _choice("off_policy", self.off_policy, OFF_POLICY)
+        _number("ratio", self.ratio, low=0.0)
+        _integer("warmup", self.warmup, low=0)
+        if self.max_age is not None:
+            _integer("max_age", self.max_age, low=0, extra="; unset means the mode's default, 0 means no limit")
+        _integer("capacity", self.capacity, low=1)
+        if self.alpha is not None:
+            _number("alpha", self.alpha, low=0.0, extra="; unset means the mode's default")
+        _number("eps", self.eps, low=0.0)
+        _number("tau", self.tau, low=0.0, strict=True)
+        _number("beta_start", self.beta_start, low=0.0, high=1.0)
+        _number("beta_end", self.beta_end, low=0.0, high=1.0)
+        _integer("beta_steps", self.beta_steps, low=0)
+        _integer("per_prompt", self.per_prompt, low=1)
+        _number("success_threshold", self.success_threshold)
+        _number("min_abs_advantage", self.min_abs_advantage, low=0.0)
+        _integer("seed", self.seed, low=0)
+        for name in ("replacement", "allow_empty_resume"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"replay.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.eps == 0 and self.min_abs_advantage == 0 and self.mode in ("advantage", "freshness"):
+            raise ValueError(
+                f"replay.eps = {self.eps!r} with replay.min_abs_advantage = {self.min_abs_advantage!r} would store "
+                "rollouts with priority 0 that can never be drawn: make one of them positive"
+            )
+
+    # ---------------------------------------------------------------- derived values
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def age_limit(self) -> int | None:
+        """Steps after which a rollout is evicted, or None for no age limit."""
+        if self.max_age is None:
+            return _MODE_MAX_AGE.get(self.mode)
+        return self.max_age or None
+
+    @property
+    def effective_alpha(self) -> float:
+        if self.alpha is not None:
+            return self.alpha
+        return 0.6 if self.mode == "freshness" else 0.5
+
+    @property
+    def sampler_name(self) -> str | None:
+        """Key in samplers.SAMPLERS, None when replay is off."""
+        return _MODE_SAMPLER.get(self.mode)
+
+    @property
+    def store_filter(self) -> str | None:
+        """Keep rule of the store (store.KEEP_RULES), None when replay is off."""
+        return _MODE_KEEP.get(self.mode)
+
+    # ---------------------------------------------------------------- (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReplayConfig:
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown replay config fields {sorted(unknown)}; known: {[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**d)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, prefix: str = "replay") -> argparse.ArgumentParser:
+        """Add `--<prefix>.<field>` flags (OpenRLHF's dotted style) with help from the field docstrings."""
+        helps = field_help(cls)
+        hints = typing.get_type_hints(cls)
+        group = parser.add_argument_group(prefix, cls.__doc__)
+        for f in dataclasses.fields(cls):
+            flag, dest, tp = f"--{prefix}.{f.name}", f"{prefix}.{f.name}", hints[f.name]
+            text = f"{helps[f.name]} (default: {'unset' if f.default is None else f.default})"
+            if tp is bool:
+                group.add_argument(flag, dest=dest, action="store_true", default=f.default, help=text)
+                continue
+            base = typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Union else tp
+            choices = {"mode": MODES, "off_policy": OFF_POLICY}.get(f.name)
+            group.add_argument(flag, dest=dest, type=base, default=f.default, choices=choices, help=text)
+        return parser
+
+    @classmethod
+    def from_namespace(cls, ns: Any, prefix: str = "replay") -> ReplayConfig:
+        """Read flags from argparse's flat namespace (`getattr(ns, "replay.mode")`) or from the
+        nested one OpenRLHF's `hierarchize` builds (`ns.replay.mode`); absent fields keep defaults."""
+        nested = getattr(ns, prefix, None)
+        values = {}
+        for f in dataclasses.fields(cls):
+            if hasattr(ns, f"{prefix}.{f.name}"):
+                values[f.name] = getattr(ns, f"{prefix}.{f.name}")
+            elif nested is not None and hasattr(nested, f.name):
+                values[f.name] = getattr(nested, f.name)
+        return cls(**values)
+
+
+@functools.lru_cache(maxsize=None)
+def field_help(cls: type) -> dict[str, str]:
+    """{field: the docstring written under it} for a dataclass defined in a source file."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    helps = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            helps[stmt.target.id] = " ".join(nxt.value.value.split())
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in helps]
+    if missing:
+        raise TypeError(f"{cls.__name__}: fields without a docstring: {missing}")
+    return helps
+
+
+# -------------------------------------------------------------------- checks
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"replay.{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _integer(name: str, value: Any, low: int, extra: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"replay.{name} must be an integer >= {low}{extra}; got {value!r}")
+
+
+def _number(name: str, value: Any, low: float | None = None, high: float | None = None,
+            strict: bool = False, extra: str = "") -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if strict else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        bounds = [f"{'>' if strict else '>='} {low}"] if low is not None else []
+        bounds += [f"<= {high}"] if high is not None else []
+        bounds_text = (" " + " and ".join(bounds)) if bounds else ""
+        raise ValueError(f"replay.{name} must be a finite number{bounds_text}{extra}; got {value!r}")

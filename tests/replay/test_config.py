@@ -1,0 +1,98 @@
+"""ReplayConfig: checks, derived values, generated CLI flags."""
+import argparse
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from replay import MODES, ReplayConfig, field_help
+
+
+def test_defaults_match_method_md():
+    c = ReplayConfig()
+    assert (c.mode, c.ratio, c.warmup, c.capacity, c.eps, c.replacement, c.tau) == ("none", 0.5, 20, 30000, 1e-6,
+                                                                                     False, 500.0)
+    assert (c.beta_start, c.beta_end, c.off_policy, c.per_prompt) == (0.4, 1.0, "stale", 2)
+    assert not c.enabled and c.sampler_name is None and c.store_filter is None
+
+
+@pytest.mark.parametrize("mode, age_limit, alpha, sampler, keep", [
+    ("naive", None, 0.5, "group", "nonzero_group"),
+    ("uniform", 10, 0.5, "uniform", "nonzero_advantage"),
+    ("advantage", 10, 0.5, "advantage", "nonzero_advantage"),
+    ("freshness", None, 0.6, "freshness", "nonzero_advantage"),
+    ("success", 10, 0.5, "success", "success"),
+])
+def test_mode_defaults(mode, age_limit, alpha, sampler, keep):
+    c = ReplayConfig(mode=mode)
+    assert c.enabled
+    assert (c.age_limit, c.effective_alpha, c.sampler_name, c.store_filter) == (age_limit, alpha, sampler, keep)
+    assert c.alpha is None and c.max_age is None  # derived, never written back
+
+
+def test_explicit_values_override_mode_defaults():
+    assert ReplayConfig(mode="freshness", alpha=0.3).effective_alpha == 0.3
+    assert ReplayConfig(mode="advantage", max_age=0).age_limit is None
+    assert ReplayConfig(mode="naive", max_age=4).age_limit == 4
+
+
+@pytest.mark.parametrize("changes, quoted, allowed", [
+    ({"mode": "prioritised"}, "'prioritised'", "none, naive, uniform"),
+    ({"ratio": -0.1}, "-0.1", ">= 0"),
+    ({"ratio": float("nan")}, "nan", "finite"),
+    ({"warmup": 1.5}, "1.5", "integer >= 0"),
+    ({"max_age": -1}, "-1", "0 means no limit"),
+    ({"capacity": 0}, "0", "integer >= 1"),
+    ({"capacity": True}, "True", "integer >= 1"),
+    ({"alpha": -1.0}, "-1.0", ">= 0"),
+    ({"tau": 0.0}, "0.0", "> 0"),
+    ({"beta_start": 1.5}, "1.5", "<= 1.0"),
+    ({"per_prompt": 0}, "0", "integer >= 1"),
+    ({"off_policy": "fresh"}, "'fresh'", "stale, refresh"),
+    ({"seed": -3}, "-3", "integer >= 0"),
+    ({"replacement": "yes"}, "'yes'", "True or False"),
+    ({"mode": "advantage", "eps": 0.0, "min_abs_advantage": 0.0}, "0.0", "make one of them positive"),
+])
+def test_errors_quote_the_value_and_say_what_is_allowed(changes, quoted, allowed):
+    with pytest.raises(ValueError) as err:
+        ReplayConfig(**changes)
+    assert quoted in str(err.value) and allowed in str(err.value)
+
+
+def test_frozen_and_dict_round_trip():
+    c = ReplayConfig(mode="advantage", ratio=1.0, max_age=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.ratio = 2.0
+    assert ReplayConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ValueError, match="unknown replay config fields"):
+        ReplayConfig.from_dict({"mode": "none", "rho": 1})
+
+
+def test_every_field_has_help_and_appears_in_cli_help():
+    helps = field_help(ReplayConfig)
+    assert set(helps) == {f.name for f in dataclasses.fields(ReplayConfig)}
+    parser = ReplayConfig.add_cli_args(argparse.ArgumentParser())
+    text = parser.format_help()
+    for f in dataclasses.fields(ReplayConfig):
+        assert f"--replay.{f.name}" in text
+    assert "Priority exponent" in text  # docstring text reaches --help
+
+
+def test_cli_parses_into_flat_and_hierarchised_namespaces():
+    parser = ReplayConfig.add_cli_args(argparse.ArgumentParser())
+    ns = parser.parse_args(["--replay.mode", "freshness", "--replay.ratio", "1", "--replay.max_age", "7",
+                            "--replay.alpha", "0.2", "--replay.replacement", "--replay.seed", "5"])
+    c = ReplayConfig.from_namespace(ns)
+    assert (c.mode, c.ratio, c.max_age, c.alpha, c.replacement, c.seed) == ("freshness", 1.0, 7, 0.2, True, 5)
+    assert c.allow_empty_resume is False and c.capacity == 30000
+    # OpenRLHF's hierarchize turns dotted flags into nested namespaces.
+    nested = SimpleNamespace(replay=SimpleNamespace(**{k.split(".", 1)[1]: v for k, v in vars(ns).items()}))
+    assert ReplayConfig.from_namespace(nested) == c
+    assert ReplayConfig.from_namespace(SimpleNamespace()) == ReplayConfig()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--replay.mode", "bogus"])
+    assert ReplayConfig.from_namespace(parser.parse_args([])) == ReplayConfig()
+
+
+def test_modes_constant_lists_all_modes():
+    assert MODES == ("none", "naive", "uniform", "advantage", "freshness", "success")

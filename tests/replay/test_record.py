@@ -1,0 +1,128 @@
+"""RolloutBatch: construction checks, gathers against a per-rollout reference, refusals."""
+import numpy as np
+import pytest
+
+from replay import REFUSAL_REASONS, RolloutBatch, filter_valid, refusals, validate_rollouts
+from replay.testing import random_batch
+
+
+def _lists(batch):
+    """Per-rollout Python lists: the slow reference the columnar code must agree with."""
+    return [dict(prompt=batch.prompt(i).tolist(), response=batch.response(i).tolist(),
+                 mask=batch.action_mask[batch.response_offsets[i]:batch.response_offsets[i + 1]].tolist(),
+                 logp=batch.behaviour_logprobs[batch.response_offsets[i]:batch.response_offsets[i + 1]].tolist(),
+                 reward=float(batch.rewards[i]), adv=float(batch.advantages[i]), uid=int(batch.prompt_uids[i]),
+                 group=int(batch.group_ids[i]), version=int(batch.versions[i]), reuse=int(batch.reuse_counts[i]))
+            for i in range(len(batch))]
+
+
+def test_from_lists_round_trip():
+    b = RolloutBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]], [[1, 1, 0], [1]], [[-.1, -.2, -.3], [-.4]],
+                                [1.0, 0.0], [0.7, -0.7], [10, 10], [5, 5], 3)
+    assert len(b) == 2
+    assert b.prompt_ids.dtype == np.int32 and b.response_ids.dtype == np.int32
+    assert b.response_lengths.tolist() == [3, 1] and b.prompt_lengths.tolist() == [2, 1]
+    assert b.response(0).tolist() == [4, 5, 6] and b.prompt(1).tolist() == [3]
+    assert b.action_mask.tolist() == [True, True, False, True]
+    assert b.versions.tolist() == [3, 3] and b.reuse_counts.tolist() == [0, 0]
+    assert b.n_tokens == 7
+
+
+def test_from_lists_rejects_mismatched_lengths_and_out_of_range_ids():
+    with pytest.raises(ValueError, match="rollout 1"):
+        RolloutBatch.from_lists([[1], [2]], [[3], [4, 5]], [[1], [1]], [[0.0], [0.0, 0.0]], [0, 1], [0, 0],
+                                [0, 0], [0, 0], 0)
+    with pytest.raises(ValueError, match="differ in length"):
+        RolloutBatch.from_lists([[1]], [[3], [4]], [[1], [1]], [[0.0], [0.0]], [0, 1], [0, 0], [0, 0], [0, 0], 0)
+    with pytest.raises(ValueError, match="responses: token ids"):
+        RolloutBatch.from_lists([[1]], [[2 ** 31]], [[1]], [[0.0]], [0], [0], [0], [0], 0)
+
+
+@pytest.mark.parametrize("field, bad, message", [
+    ("response_ids", lambda b: b.response_ids.astype(np.int64), "response_ids: expected a 1-D int32"),
+    ("action_mask", lambda b: b.action_mask.astype(np.uint8), "action_mask: expected a 1-D bool"),
+    ("behaviour_logprobs", lambda b: b.behaviour_logprobs[:-1], "behaviour_logprobs: length"),
+    ("rewards", lambda b: b.rewards.reshape(1, -1), "rewards: expected a 1-D float32"),
+    ("advantages", lambda b: b.advantages[:-1], "advantages: length"),
+    ("reuse_counts", lambda b: list(b.reuse_counts), "reuse_counts: expected"),
+    ("response_offsets", lambda b: b.response_offsets[:-1], "response_offsets: length"),
+    ("prompt_offsets", lambda b: b.prompt_offsets + 1, "prompt_offsets: must rise from 0"),
+    ("response_offsets", lambda b: b.response_offsets[[0, 2, 1, 3, 4, 5, 6]], "response_offsets: must rise"),
+])
+def test_construction_names_the_bad_field(field, bad, message):
+    b = random_batch(np.random.default_rng(0), 3, 2)
+    with pytest.raises(ValueError, match=message):
+        b.replace(**{field: bad(b)})
+
+
+def test_select_matches_per_rollout_reference():
+    b = random_batch(np.random.default_rng(1), 5, 4, version=7, partial_mask=True)
+    idx = [3, 0, 0, 19, 4, 5, 6, 12]  # repeats, adjacent runs and jumps
+    ref = _lists(b)
+    assert _lists(b.select(idx)) == [ref[i] for i in idx]
+    assert len(b.select([])) == 0
+    with pytest.raises(IndexError):
+        b.select([20])
+
+
+def test_concat_matches_reference_and_skips_empty():
+    rng = np.random.default_rng(2)
+    parts = [random_batch(rng, 2, 3), RolloutBatch.empty(), random_batch(rng, 1, 2, version=4)]
+    both = RolloutBatch.concat(parts)
+    assert _lists(both) == _lists(parts[0]) + _lists(parts[2])
+    assert len(RolloutBatch.concat([])) == 0
+
+
+def test_to_padded_tensors_layout():
+    torch = pytest.importorskip("torch")
+    b = random_batch(np.random.default_rng(3), 3, 2, partial_mask=True)
+    t = b.to_padded_tensors(pad_id=-1)
+    P, A = int(b.prompt_lengths.max()), int(b.response_lengths.max())
+    assert t["sequences"].shape == (6, P + A) and t["sequences"].dtype == torch.int64
+    for i in range(len(b)):
+        lp, lr = int(b.prompt_lengths[i]), int(b.response_lengths[i])
+        row = t["sequences"][i].tolist()
+        assert row == [-1] * (P - lp) + b.prompt(i).tolist() + b.response(i).tolist() + [-1] * (A - lr)
+        assert t["attention_mask"][i].tolist() == [0] * (P - lp) + [1] * (lp + lr) + [0] * (A - lr)
+        seg = slice(b.response_offsets[i], b.response_offsets[i + 1])
+        assert t["action_mask"][i, :lr].tolist() == b.action_mask[seg].tolist()
+        assert not t["action_mask"][i, lr:].any()
+        assert np.array_equal(t["behaviour_logprobs"][i, :lr].numpy(), b.behaviour_logprobs[seg])
+    assert np.array_equal(t["advantages"].numpy(), b.advantages)
+    assert t["response_lengths"].tolist() == b.response_lengths.tolist()
+
+
+def test_refusals_count_each_rollout_once_in_reason_order():
+    b = random_batch(np.random.default_rng(4), 4, 2, response_len=(2, 4))
+    rewards, adv, logp = b.rewards.copy(), b.advantages.copy(), b.behaviour_logprobs.copy()
+    mask = b.action_mask.copy()
+    rewards[0] = np.nan
+    adv[0] = np.inf  # also bad, but counted under non_finite_reward only
+    adv[1] = -np.inf
+    logp[b.response_offsets[2]] = np.nan
+    logp[b.response_offsets[3]] = -np.inf
+    mask[b.response_offsets[3]] = False  # -inf under a False mask is harmless
+    offsets = b.response_offsets.copy()
+    # rollout 4 becomes empty by giving its tokens to rollout 5
+    offsets[5] = offsets[4]
+    bad = b.replace(rewards=rewards, advantages=adv, behaviour_logprobs=logp, action_mask=mask,
+                    response_offsets=offsets)
+    ok, counts = refusals(bad)
+    assert ok.tolist() == [False, False, False, True, False, True, True, True]
+    assert counts == {"length_mismatch": 0, "empty_response": 1, "non_finite_reward": 1,
+                      "non_finite_advantage": 1, "non_finite_logprob": 1}
+    kept, counts2 = filter_valid(bad)
+    assert counts2 == counts and len(kept) == 4
+    assert kept.rewards.tolist() == bad.rewards[[3, 5, 6, 7]].tolist()
+
+
+def test_validate_rollouts_drops_and_counts():
+    kept, counts = validate_rollouts(
+        prompts=[[1], [2], [3], [4]], responses=[[5, 6], [7], [], [8]],
+        action_masks=[[1, 1], [1, 1], [], [1]], logprobs=[[0.0, 0.0], [0.0], [], [float("nan")]],
+        rewards=[1.0, 0.0, 1.0, 1.0], advantages=[1.0, -1.0, 0.5, 0.5], prompt_uids=[0, 0, 1, 1],
+        group_ids=[0, 0, 1, 1], version=2)
+    assert set(counts) == set(REFUSAL_REASONS)
+    assert counts["length_mismatch"] == 1 and counts["empty_response"] == 1
+    assert counts["non_finite_logprob"] == 1 and len(kept) == 1
+    assert kept.response(0).tolist() == [5, 6]
