@@ -59,6 +59,8 @@ def composition_metrics(comp: Composition, step: int) -> dict[str, float]:
         "reuse_mean": float(uses.mean()) if len(rep) else 0.0,
         "reuse_max": float(uses.max(initial=0)),
         "zero_variance_group_fraction": zero_variance_group_fraction(comp.fresh.rewards, comp.fresh.group_ids),
+        "ess": 0.0,  # replaced by the sampler's value whenever it drew
+        "candidates": 0.0,
     }
     out.update(age_histogram(ages))
     out.update(comp.info)  # sampler diagnostics: ess, candidates, is_weight_mean / max where used

@@ -8,6 +8,7 @@ with functools.partial (`sampler_from_config`). Randomness comes only from `rng`
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -164,8 +165,9 @@ def success(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
 def group(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
           fresh_prompt_uids: np.ndarray | None = None) -> Draw:
     """Naive replay: whole groups (a group = one fresh group id at one version), uniformly, with
-    replacement. Groups are drawn while their total size stays within k, but at least one is
-    drawn, so m can exceed k by less than one group's size."""
+    replacement. It draws m = max(1, round(k / mean live group size)) groups, a number fixed
+    before drawing: stopping once k rollouts are reached would favour small groups. With full
+    groups of G that is exactly k / G groups; otherwise the count is close to k."""
     if k <= 0 or not len(view):
         return Draw.of(np.zeros(0, np.int64))
     # Group ids need only be unique within a step: key groups by (version, group id).
@@ -173,9 +175,8 @@ def group(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
     v, g = view.versions[members], view.group_ids[members]
     starts = np.flatnonzero(np.r_[True, (v[1:] != v[:-1]) | (g[1:] != g[:-1])])
     sizes = np.diff(np.r_[starts, len(view)])
-    chosen = rng.integers(0, len(starts), size=k)  # k groups always suffice: each has >= 1 rollout
-    m = max(1, int(np.searchsorted(np.cumsum(sizes[chosen]), k, side="right")))
-    chosen = chosen[:m]
+    m = max(1, math.floor(k * len(starts) / len(view) + 0.5))
+    chosen = rng.integers(0, len(starts), size=m)
     take = sizes[chosen]
     out_start = np.cumsum(take) - take
     pos = np.repeat(starts[chosen] - out_start, take) + np.arange(take.sum())

@@ -180,11 +180,11 @@ class RolloutStore:
         if not len(idx):
             return
         added = np.bincount(idx, minlength=len(self)).astype(np.int32)  # (N,)
+        view, loc, chunks = self._cached()  # before the chunks change, or a rebuild would count twice
         pos = 0
-        for ch in self._chunks:
+        for ch in chunks:
             ch.meta["reuse_counts"][ch.start:] += added[pos:pos + ch.n_live]
             pos += ch.n_live
-        view, loc, chunks = self._cached()
         reuse = view.reuse_counts + added
         reuse.setflags(write=False)
         self._cache = (dataclasses.replace(view, reuse_counts=reuse), loc, chunks)

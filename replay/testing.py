@@ -26,11 +26,14 @@ def random_batch(
     uniform in the closed ranges given. `partial_mask` leaves some response tokens unmasked."""
     n = n_groups * group_size
     uids = rng.integers(0, n_prompts, n_groups)
-    p_lens = np.repeat(rng.integers(prompt_len[0], prompt_len[1] + 1, n_groups), group_size)
+    # Each group's rollouts share its prompt (and groups drawing the same uid, the same prompt).
+    prompts: dict[int, np.ndarray] = {}
+    for u in uids.tolist():
+        prompts.setdefault(u, rng.integers(0, 50_000, int(rng.integers(prompt_len[0], prompt_len[1] + 1))))
+    per_rollout = [prompts[u] for u in np.repeat(uids, group_size).tolist()]
+    p_lens = np.array([len(p) for p in per_rollout], np.int64)
+    prompt_ids = np.concatenate(per_rollout) if per_rollout else np.zeros(0, np.int64)
     r_lens = rng.integers(response_len[0], response_len[1] + 1, n)
-    # Each group's rollouts share its prompt.
-    prompts = {int(u): rng.integers(0, 50_000, int(p_lens[j * group_size])) for j, u in enumerate(uids)}
-    prompt_ids = np.concatenate([prompts[int(u)] for u in np.repeat(uids, group_size)] or [np.zeros(0, int)])
     r_total = int(r_lens.sum())
     rewards = (rng.random(n) < p_correct).astype(np.float32)
     group = np.repeat(np.arange(n_groups), group_size)

@@ -1,0 +1,99 @@
+"""Composers: fresh-anchored counts and RLEP group enlargement with recomputed advantages."""
+import numpy as np
+import pytest
+
+from replay import (ReplayConfig, RolloutBatch, RolloutStore, compose, compose_rlep, group_normalise, replay_count,
+                    sampler_from_config)
+from replay.testing import random_batch
+
+
+@pytest.mark.parametrize("n_fresh, ratio, step, warmup, available, k", [
+    (1024, 0.5, 20, 20, 10_000, 512),  # the default: replay starts at step == warmup
+    (1024, 0.5, 19, 20, 10_000, 0),  # warm-up
+    (1024, 0.5, 30, 20, 100, 100),  # fewer when the buffer holds fewer
+    (5, 0.5, 30, 0, 100, 3),  # 2.5 rounds half up
+    (7, 0.0, 30, 0, 100, 0),
+    (10, 2.0, 30, 0, 100, 20),
+    (10, 1.0, 30, 0, 0, 0),
+])
+def test_replay_count(n_fresh, ratio, step, warmup, available, k):
+    assert replay_count(n_fresh, ratio, step, warmup, available) == k
+
+
+def test_group_normalise_matches_torch_group_norm():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    rewards = rng.random(24).astype(np.float32)
+    group = np.repeat(np.arange(6), 4)
+    r = torch.from_numpy(rewards).reshape(-1, 4)
+    ref = ((r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-9)).reshape(-1).numpy()
+    assert np.allclose(group_normalise(rewards, group), ref, atol=1e-5)
+    ref_dr = (r - r.mean(-1, keepdim=True)).reshape(-1).numpy()
+    assert np.allclose(group_normalise(rewards, group, divide_by_std=False), ref_dr, atol=1e-6)
+    # Unequal, interleaved groups; a singleton gets 0; equal rewards get 0.
+    got = group_normalise(np.array([1, 0, 5, 1, 1, 0], np.float32), np.array([0, 1, 2, 0, 1, 1]))
+    assert got[2] == 0 and got[0] == 0 and got[3] == 0
+    sub = torch.tensor([0.0, 1.0, 0.0])
+    assert np.allclose(got[[1, 4, 5]], ((sub - sub.mean()) / (sub.std() + 1e-9)).numpy(), atol=1e-6)
+
+
+def _filled_store(rng, versions, keep="all", **kw):
+    store = RolloutStore(10_000, None, keep=keep)
+    for v in versions:
+        store.insert(random_batch(rng, 4, 4, v, **kw), version=v)
+    return store
+
+
+def test_compose_keeps_all_fresh_then_adds_k_replayed():
+    rng = np.random.default_rng(1)
+    store = _filled_store(rng, range(3))
+    cfg = ReplayConfig(mode="advantage", warmup=0, ratio=0.5)
+    fresh = random_batch(rng, 5, 4, 3)
+    comp = compose(fresh, store, sampler_from_config(cfg), cfg, 3, rng)
+    assert len(comp.replayed) == 10 and len(comp.batch) == 30
+    assert comp.batch.select(np.arange(20)).response_ids.tolist() == fresh.response_ids.tolist()
+    assert comp.is_replay.tolist() == [False] * 20 + [True] * 10
+    assert np.array_equal(comp.replayed.response_ids, store.gather(comp.indices).response_ids)
+    assert comp.sample_weights.tolist() == [1.0] * 30
+    assert len(store) == 48  # composing does not change the store
+    # Before warm-up and from an empty store: fresh only.
+    early = compose(fresh, store, sampler_from_config(cfg), ReplayConfig(mode="advantage", warmup=10), 3, rng)
+    assert len(early.replayed) == 0 and early.batch is fresh
+    empty = compose(fresh, RolloutStore(10, None), sampler_from_config(cfg), cfg, 3, rng)
+    assert len(empty.replayed) == 0
+
+
+def test_rlep_successes_join_their_prompt_group_and_advantages_are_recomputed():
+    rng = np.random.default_rng(2)
+    store = RolloutStore(100, None, keep="success")
+    # Stored: successes of prompts 7 and 8 (three of 7, one of 8).
+    old = random_batch(rng, 2, 4, 0, n_prompts=1).replace(
+        prompt_uids=np.array([7, 7, 7, 7, 8, 8, 8, 8]), rewards=np.array([1, 1, 1, 0, 0, 1, 0, 0], np.float32))
+    assert store.insert(old, version=0).inserted == 4
+    # Fresh: prompt 7 all wrong (zero variance), prompt 9 mixed (no stored successes).
+    fresh = random_batch(rng, 2, 4, 1).replace(
+        prompt_uids=np.array([7, 7, 7, 7, 9, 9, 9, 9]), group_ids=np.array([40, 40, 40, 40, 41, 41, 41, 41]),
+        rewards=np.array([0, 0, 0, 0, 1, 0, 0, 1], np.float32),
+        advantages=np.array([0, 0, 0, 0, 0.87, -0.87, -0.87, 0.87], np.float32))
+    cfg = ReplayConfig(mode="success", warmup=0, per_prompt=2)
+    comp = compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng)
+    assert len(comp.replayed) == 2 and set(comp.replayed.prompt_uids.tolist()) == {7}
+    assert comp.replayed.group_ids.tolist() == [40, 40]
+    batch = comp.batch
+    assert batch.group_ids.tolist() == [40] * 6 + [41] * 4  # grouped, fresh before replayed
+    assert comp.is_replay.tolist() == [False] * 4 + [True] * 2 + [False] * 4
+    expected = group_normalise(np.array([0, 0, 0, 0, 1, 1], np.float32), np.zeros(6, np.int64))
+    assert np.allclose(batch.advantages[:6], expected)
+    assert np.array_equal(batch.advantages[6:], fresh.advantages[4:])  # untouched group keeps its values
+    assert comp.info["enlarged_group_fraction"] == 0.5
+    # Before warm-up: fresh only, advantages as given.
+    early = compose_rlep(fresh, store, sampler_from_config(cfg), ReplayConfig(mode="success", warmup=5), 1, rng)
+    assert len(early.replayed) == 0 and np.array_equal(early.batch.advantages, fresh.advantages)
+
+
+def test_composition_batch_of_empty_replay_is_fresh():
+    rng = np.random.default_rng(3)
+    fresh = random_batch(rng, 2, 2)
+    cfg = ReplayConfig(mode="uniform", warmup=0)
+    comp = compose(fresh, RolloutStore(10, None), sampler_from_config(cfg), cfg, 0, rng)
+    assert comp.batch is fresh and isinstance(comp.replayed, RolloutBatch)

@@ -1,0 +1,219 @@
+"""Samplers: the pure priority functions, the registry, and draws whose frequencies must match
+their priorities (chi-square with fixed seeds, each with a control that the test can fail)."""
+import inspect
+import math
+
+import numpy as np
+import pytest
+
+from replay import (SAMPLERS, ReplayConfig, StoreView, advantage_priorities, beta_schedule, effective_sample_size,
+                    freshness_priorities, get_sampler, importance_weights, sampler_from_config, weighted_draw)
+
+
+def chi_square_p(observed, expected):
+    """Upper-tail p-value of Pearson's statistic, Wilson-Hilferty approximation (no scipy needed)."""
+    observed, expected = np.asarray(observed, float), np.asarray(expected, float)
+    assert expected.min() >= 5, "too few expected counts for the approximation"
+    stat = float(np.sum((observed - expected) ** 2 / expected))
+    df = len(observed) - 1
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def view_of(advantages, versions=None, rewards=None, prompt_uids=None, group_ids=None):
+    n = len(advantages)
+    arr = lambda x, d, default: np.asarray(default if x is None else x, d)  # noqa: E731
+    return StoreView(advantages=arr(advantages, np.float32, None), rewards=arr(rewards, np.float32, np.zeros(n)),
+                     versions=arr(versions, np.int64, np.zeros(n)),
+                     prompt_uids=arr(prompt_uids, np.int64, np.arange(n)),
+                     group_ids=arr(group_ids, np.int64, np.arange(n)), reuse_counts=np.zeros(n, np.int32),
+                     serials=np.arange(n, dtype=np.int64), response_lengths=np.ones(n, np.int64))
+
+
+def test_chi_square_helper_against_known_quantiles():
+    # 99.9% quantile of chi-square with 9 df is 27.877: p must be close to 1e-3 there.
+    expected = np.full(10, 100.0)
+    observed = expected.copy()
+    observed[0] += math.sqrt(27.877 * 100 / 2)
+    observed[1] -= math.sqrt(27.877 * 100 / 2)
+    assert 5e-4 < chi_square_p(observed, expected) < 2e-3
+    assert chi_square_p(expected, expected) > 0.99
+
+
+def test_priority_functions():
+    adv = np.array([0.0, -1.0, 2.0], np.float32)
+    assert np.allclose(advantage_priorities(adv, 0.5, 1e-6), (np.abs(adv) + 1e-6) ** 0.5)
+    ages = np.array([0, 10, 1000])
+    fp = freshness_priorities(adv, ages, 0.6, 1e-6, 500.0)
+    ref = (np.abs(adv.astype(float)) + 1e-6) ** 0.6 * np.exp(-ages / 500.0)
+    assert np.allclose(fp / fp.sum(), ref / ref.sum()) and fp.max() == 1.0
+    # Very old rollouts stay drawable instead of underflowing to 0.
+    old = freshness_priorities(np.ones(2, np.float32), np.array([10 ** 6, 10 ** 6 + 1]), 0.6, 1e-6, 500.0)
+    assert np.all(old > 0) and np.isclose(old[1] / old[0], math.exp(-1 / 500))
+
+
+def test_effective_sample_size():
+    assert effective_sample_size(np.ones(50)) == pytest.approx(50)
+    assert effective_sample_size(np.r_[1.0, np.zeros(9)]) == pytest.approx(1)
+    assert effective_sample_size(np.array([1.0, 1.0, 2.0])) == pytest.approx(16 / 6)
+    assert effective_sample_size(np.zeros(3)) == 0.0
+
+
+def test_beta_schedule_and_importance_weights():
+    assert beta_schedule(0, 0.4, 1.0, 1000) == 0.4
+    assert beta_schedule(500, 0.4, 1.0, 1000) == pytest.approx(0.7)
+    assert beta_schedule(5000, 0.4, 1.0, 1000) == 1.0 and beta_schedule(3, 0.4, 1.0, 0) == 1.0
+    p = np.array([1.0, 2.0, 4.0, 0.0])
+    n, probs = 3, p[:3] / p.sum()
+    w = importance_weights(p, np.array([0, 1, 2]), 0.5)
+    ref = (n * probs) ** -0.5
+    assert np.allclose(w, ref / ref.max()) and w[0] == 1.0
+
+
+def test_weighted_draw_with_replacement_matches_priorities():
+    rng = np.random.default_rng(0)
+    p = np.array([1.0, 2.0, 3.0, 0.0, 4.0, 10.0])
+    draws = weighted_draw(p, 60_000, rng, replacement=True)
+    assert not np.any(draws == 3)  # zero priority is never drawn
+    counts = np.bincount(draws, minlength=6)
+    pos = p > 0
+    expected = len(draws) * p[pos] / p.sum()
+    assert chi_square_p(counts[pos], expected) > 1e-3
+    # Control: the same test rejects a uniform draw.
+    uniform = np.bincount(rng.choice(np.flatnonzero(pos), 60_000), minlength=6)
+    assert chi_square_p(uniform[pos], expected) < 1e-6
+
+
+def test_weighted_draw_without_replacement_is_successive_sampling():
+    rng = np.random.default_rng(1)
+    p = np.array([1.0, 2.0, 3.0])
+    s = p.sum()
+    pairs = np.array([weighted_draw(p, 2, rng, replacement=False) for _ in range(12_000)])
+    assert np.all(pairs[:, 0] != pairs[:, 1])
+    cells = [(i, j) for i in range(3) for j in range(3) if i != j]
+    observed = [np.sum((pairs[:, 0] == i) & (pairs[:, 1] == j)) for i, j in cells]
+    expected = [len(pairs) * p[i] / s * p[j] / (s - p[i]) for i, j in cells]
+    assert chi_square_p(observed, expected) > 1e-3
+    # Control: drawing the pair proportionally with replacement then rejecting repeats is different.
+    wrong = [len(pairs) * p[i] * p[j] / (s * s - np.square(p).sum()) for i, j in cells]
+    assert chi_square_p(observed, wrong) < 1e-6
+    # k beyond the drawable candidates gives each once.
+    assert sorted(weighted_draw(np.array([1.0, 0.0, 2.0]), 5, rng, replacement=False).tolist()) == [0, 2]
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_advantage_sampler_frequencies(replacement):
+    rng = np.random.default_rng(2)
+    adv = np.array([0.1, -0.5, 1.0, 2.0, -3.0], np.float32)
+    view = view_of(adv)
+    p = advantage_priorities(adv, 0.5, 1e-6)
+    sampler = sampler_from_config(ReplayConfig(mode="advantage", replacement=replacement))
+    # k = 1 per draw: without replacement the first draw is exactly proportional to p.
+    draws = np.concatenate([sampler(view, 1, 30, rng).indices for _ in range(20_000)])
+    counts = np.bincount(draws, minlength=5)
+    assert chi_square_p(counts, len(draws) * p / p.sum()) > 1e-3
+    d = sampler(view, 5, 30, rng)
+    assert d.info["ess"] == pytest.approx(effective_sample_size(p)) and np.all(d.weights == 1)
+    if not replacement:
+        assert sorted(d.indices.tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_freshness_sampler_frequencies_and_weights():
+    rng = np.random.default_rng(3)
+    adv = np.array([1.0, 1.0, 1.0, 0.2], np.float32)
+    versions = np.array([0, 50, 100, 100])
+    view = view_of(adv, versions=versions)
+    cfg = ReplayConfig(mode="freshness", tau=50.0, replacement=True)
+    sampler = sampler_from_config(cfg)
+    d = sampler(view, 40_000, 120, rng)
+    p = (np.abs(adv) + 1e-6) ** 0.6 * np.exp(-(120 - versions) / 50.0)
+    counts = np.bincount(d.indices, minlength=4)
+    assert chi_square_p(counts, len(d.indices) * p / p.sum()) > 1e-3
+    beta = beta_schedule(120, 0.4, 1.0, 1000)
+    ref = (p / p.min()) ** -beta
+    assert np.allclose(d.weights, ref[d.indices], rtol=1e-5)
+    assert d.info["is_beta"] == pytest.approx(beta) and d.info["is_weight_max"] <= 1.0
+
+
+def test_uniform_sampler():
+    rng = np.random.default_rng(4)
+    view = view_of(np.ones(8, np.float32))
+    no_rep = get_sampler("uniform")(view, 20, 0, rng)
+    assert sorted(no_rep.indices.tolist()) == list(range(8))
+    rep = get_sampler("uniform")(view, 16_000, 0, rng, replacement=True)
+    assert len(rep.indices) == 16_000
+    assert chi_square_p(np.bincount(rep.indices, minlength=8), np.full(8, 2000.0)) > 1e-3
+
+
+def test_success_sampler_takes_m_successes_of_the_fresh_prompts():
+    rng = np.random.default_rng(5)
+    uids = np.array([1, 1, 1, 1, 2, 2, 3, 3, 3])
+    rewards = np.array([1, 1, 1, 0, 1, 0, 1, 1, 0.5])
+    view = view_of(np.zeros(9, np.float32), rewards=rewards, prompt_uids=uids)
+    sampler = sampler_from_config(ReplayConfig(mode="success", per_prompt=2))
+    seen = np.zeros(9, int)
+    for _ in range(3000):
+        d = sampler(view, 100, 10, rng, fresh_prompt_uids=np.array([1, 2]))
+        got = d.indices
+        assert len(set(got.tolist())) == len(got)
+        assert np.all(rewards[got] > 0.5) and set(uids[got].tolist()) <= {1, 2}
+        assert np.sum(uids[got] == 1) == 2 and np.sum(uids[got] == 2) == 1
+        seen[got] += 1
+    # Prompt 1 has three successes, two drawn each time: each is in 2/3 of the draws.
+    assert chi_square_p(seen[:3], np.full(3, 2000.0)) > 1e-3
+    # Capped at k; no fresh prompts given: uniform over all successes.
+    assert len(sampler(view, 1, 10, rng, fresh_prompt_uids=np.array([1, 2])).indices) == 1
+    assert set(sampler(view, 100, 10, rng).indices.tolist()) == {0, 1, 2, 4, 6, 7}
+
+
+def test_group_sampler_draws_whole_groups_with_replacement():
+    rng = np.random.default_rng(6)
+    # Group id 0 occurs at two versions: two different groups.
+    versions = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2])
+    groups = np.array([0, 0, 0, 0, 0, 5, 5, 3, 3])
+    view = view_of(np.ones(9, np.float32), versions=versions, group_ids=groups)
+    keys = {(0, 0): {0, 1, 2}, (1, 0): {3, 4}, (1, 5): {5, 6}, (2, 3): {7, 8}}
+    freq = dict.fromkeys(keys, 0)
+    for _ in range(2000):
+        d = get_sampler("group")(view, 6, 5, rng)
+        assert d.info["groups_drawn"] == 3  # round(6 / mean group size 9/4)
+        # Split the draw into runs of one group: each run is exactly one whole group.
+        idx = d.indices.tolist()
+        while idx:
+            key = (versions[idx[0]], groups[idx[0]])
+            size = len(keys[key])
+            assert set(idx[:size]) == keys[key]
+            freq[key] += 1
+            idx = idx[size:]
+        assert d.info["candidates"] == 4
+    assert sum(freq.values()) == 6000
+    assert chi_square_p(list(freq.values()), np.full(4, 1500.0)) > 1e-3
+    # Full groups of G: exactly k / G groups, so exactly k rollouts.
+    full = view_of(np.ones(12, np.float32), group_ids=np.repeat(np.arange(3), 4))
+    assert len(get_sampler("group")(full, 8, 5, rng).indices) == 8
+    # k smaller than the first drawn group: still one whole group.
+    assert len(get_sampler("group")(view_of(np.ones(3, np.float32), group_ids=[0, 0, 0]), 1, 5, rng).indices) == 3
+
+
+def test_registry_and_one_signature():
+    assert set(SAMPLERS) == {"uniform", "advantage", "freshness", "success", "group"}
+    with pytest.raises(KeyError, match="advantage, freshness, group, success, uniform"):
+        get_sampler("prioritized")
+    for name, fn in SAMPLERS.items():
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params[:4]] == ["view", "k", "step", "rng"], name
+        assert params[4].name == "fresh_prompt_uids" and params[4].kind is inspect.Parameter.KEYWORD_ONLY
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[4:]), name
+        assert len(fn(view_of(np.ones(4, np.float32)), 0, 0, np.random.default_rng(0)).indices) == 0
+
+
+def test_randomness_is_injected_not_global():
+    view = view_of(np.linspace(0.1, 2, 50).astype(np.float32), versions=np.arange(50))
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    for mode in ("uniform", "advantage", "freshness", "naive"):
+        sampler = sampler_from_config(ReplayConfig(mode=mode))
+        a = sampler(view, 10, 60, np.random.default_rng(7)).indices
+        b = sampler(view, 10, 60, np.random.default_rng(7)).indices
+        assert np.array_equal(a, b), mode
+    assert np.array_equal(np.random.get_state()[1], before)
