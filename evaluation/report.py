@@ -1,0 +1,216 @@
+"""Human-readable outputs: a run's report.md, the paper-style comparison table, sweep curves.
+
+Accuracies are shown in percent. The "avg" column is the macro average over the five METHOD.md
+benchmarks when every compared run has all five (else over the benchmarks all runs share, and
+the header says how many); "tokens" is the macro mean of the per-benchmark mean response
+tokens over the same benchmarks; AES (`metrics.aes`) compares those two against the baseline.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Sequence
+
+from evaluation.benchmarks import DEFAULT_BENCHMARKS
+from evaluation.errors import UserError
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _order(names) -> list[str]:
+    """Default benchmarks first in report order, then the others as given."""
+    names = list(names)
+    return [b for b in DEFAULT_BENCHMARKS if b in names] + [b for b in names
+                                                            if b not in DEFAULT_BENCHMARKS]
+
+
+def _averaged(names: Sequence[str]) -> list[str]:
+    """Which benchmarks an average runs over: the default five present, else all given."""
+    chosen = [b for b in DEFAULT_BENCHMARKS if b in names]
+    return chosen or list(names)
+
+
+def macro(per_benchmark: dict[str, dict]) -> dict:
+    """Macro averages of accuracy and mean response tokens (see `_averaged` for the set)."""
+    from evaluation.metrics import macro_average
+
+    names = _averaged(list(per_benchmark))
+    return {"benchmarks": names, "complete": set(DEFAULT_BENCHMARKS) <= set(names),
+            "accuracy": macro_average(per_benchmark, names, "accuracy"),
+            "mean_response_tokens": macro_average(per_benchmark, names, "mean_response_tokens")}
+
+
+def one_line(summary: dict) -> str:
+    """`math500 12.0% | aime24 0.0% | ... | avg 4.0%` for logs."""
+    parts = [f"{b} {_pct(s['accuracy'])}%" for b, s in summary["benchmarks"].items()]
+    return " | ".join(parts + [f"avg {_pct(summary['macro_average']['accuracy'])}%"])
+
+
+def run_markdown(summary: dict) -> str:
+    """report.md of one run: settings, per-benchmark metrics, macro average."""
+    run, per = summary["run"], summary["benchmarks"]
+    names = _order(per)
+    pass_keys = sorted({k for s in per.values() for k in s if k.startswith("pass@")},
+                       key=lambda k: int(k[5:]))
+    lines = ["# Evaluation report", "", "| setting | value |", "|---|---|"]
+    lines += [f"| {k} | `{v}` |" for k, v in run.items()]
+    lines += [f"| wall time (s) | {summary['wall_time_s']} |", "",
+              "| benchmark | problems | samples/problem | accuracy % | "
+              + " | ".join(f"{k} %" for k in pass_keys)
+              + " | maj@n % | mean tokens | tokens (correct) | tokens (incorrect) | truncated % "
+              "| unparseable | timeout |",
+              "|---" * (11 + len(pass_keys)) + "|"]
+    for b in names:
+        s = per[b]
+        lines.append(" | ".join(
+            [f"| {b}", str(s["n_problems"]), str(s["samples_per_problem"]), _pct(s["accuracy"])]
+            + [_pct(s.get(k)) for k in pass_keys]
+            + [_pct(s["maj@n"]), _num(s["mean_response_tokens"]),
+               _num(s["mean_response_tokens_correct"]), _num(s["mean_response_tokens_incorrect"]),
+               _pct(s["truncation_rate"]), str(s["verdicts"]["unparseable"]),
+               str(s["verdicts"]["timeout"])]) + " |")
+    m = summary["macro_average"]
+    scope = "five-benchmark" if m["complete"] else f"{len(m['benchmarks'])}-benchmark"
+    lines += ["", f"**{scope} macro average**: accuracy {_pct(m['accuracy'])}%, "
+              f"mean response tokens {_num(m['mean_response_tokens'])} "
+              f"({', '.join(m['benchmarks'])}).", ""]
+    return "\n".join(lines)
+
+
+def label(run_dir: str | Path) -> str:
+    """A run's name in tables: its directory name."""
+    return Path(run_dir).resolve().name
+
+
+def comparison_rows(labelled: list[tuple[str, dict]]) -> tuple[list[str], list[str], list[dict]]:
+    """(benchmark columns, averaged benchmarks, one row per run); the first run is the baseline."""
+    from evaluation.metrics import aes
+
+    labels, seen = [], {}
+    for name, _ in labelled:  # repeated directory names get a suffix
+        seen[name] = seen.get(name, 0) + 1
+        labels.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    columns = _order(dict.fromkeys(b for _, s in labelled for b in s["benchmarks"]))
+    shared = [b for b in columns if all(b in s["benchmarks"] for _, s in labelled)]
+    if not shared:
+        raise UserError("the runs share no benchmark, so they have no common average")
+    averaged = _averaged(shared)
+    rows = []
+    for name, summary in zip(labels, (s for _, s in labelled)):
+        per = summary["benchmarks"]
+        row = {"run": name, **{b: per[b]["accuracy"] if b in per else None for b in columns}}
+        row["avg"] = sum(per[b]["accuracy"] for b in averaged) / len(averaged)
+        row["tokens"] = sum(per[b]["mean_response_tokens"] for b in averaged) / len(averaged)
+        row["tokens_by_benchmark"] = {b: per[b]["mean_response_tokens"] for b in columns if b in per}
+        row["samples"] = {b: per[b]["n_samples"] for b in columns if b in per}
+        rows.append(row)
+    base = rows[0]
+    for row in rows:
+        ok = base["avg"] > 0 and base["tokens"] > 0
+        row["aes"] = aes(row["avg"], row["tokens"], base["avg"], base["tokens"]) if ok else None
+    return columns, averaged, rows
+
+
+def write_comparison(out_dir: Path, labelled: list[tuple[str, dict]]) -> list[dict]:
+    """compare.md, compare.csv, compare_accuracy.png, compare_tokens.png; returns the rows."""
+    columns, averaged, rows = comparison_rows(labelled)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    avg_name = "avg" if set(DEFAULT_BENCHMARKS) <= set(averaged) else f"avg({len(averaged)})"
+    header = ["run", *columns, avg_name, "tokens", "AES"]
+    md = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for r in rows:
+        md.append("| " + " | ".join([r["run"], *(_pct(r[b]) for b in columns), _pct(r["avg"]),
+                                     _num(r["tokens"]), _num(r["aes"], 3)]) + " |")
+    md += ["", f"Accuracy in %; {avg_name} and tokens over {', '.join(averaged)}; AES vs "
+           f"`{rows[0]['run']}` (alpha=1, beta=3, gamma=5; '-' when the baseline accuracy is 0).",
+           "", "Samples per benchmark: " + "; ".join(
+               f"{r['run']}: " + ", ".join(f"{b} {n}" for b, n in r["samples"].items())
+               for r in rows), ""]
+    (out_dir / "compare.md").write_text("\n".join(md), encoding="utf-8")
+    with open(out_dir / "compare.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow([*header, "tokens_benchmarks"])
+        for r in rows:
+            writer.writerow([r["run"], *("" if r[b] is None else round(100 * r[b], 3)
+                                         for b in columns),
+                             round(100 * r["avg"], 3), round(r["tokens"], 2),
+                             "" if r["aes"] is None else round(r["aes"], 4), " ".join(averaged)])
+    _bars(out_dir / "compare_accuracy.png", "accuracy (%)", columns + [avg_name],
+          {r["run"]: [None if r[b] is None else 100 * r[b] for b in columns] + [100 * r["avg"]]
+           for r in rows})
+    _bars(out_dir / "compare_tokens.png", "mean response tokens", columns + [avg_name],
+          {r["run"]: [r["tokens_by_benchmark"].get(b) for b in columns] + [r["tokens"]]
+           for r in rows})
+    return rows
+
+
+def write_sweep(out_dir: Path, points: list[tuple[int, dict]]) -> None:
+    """sweep.md, sweep.csv, sweep_accuracy.png, sweep_tokens.png: metrics against training step."""
+    columns, averaged, rows = comparison_rows([(f"step {s}", summ) for s, summ in points])
+    steps = [s for s, _ in points]
+    header = ["step", *columns, "avg", "tokens"]
+    md = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    md += ["| " + " | ".join([str(s), *(_pct(r[b]) for b in columns), _pct(r["avg"]),
+                              _num(r["tokens"])]) + " |" for s, r in zip(steps, rows)]
+    md += ["", f"Accuracy in %; avg and tokens over {', '.join(averaged)}.", ""]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.md").write_text("\n".join(md), encoding="utf-8")
+    with open(out_dir / "sweep.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        for s, r in zip(steps, rows):
+            writer.writerow([s, *("" if r[b] is None else round(100 * r[b], 3) for b in columns),
+                             round(100 * r["avg"], 3), round(r["tokens"], 2)])
+    _lines(out_dir / "sweep_accuracy.png", "accuracy (%)", steps,
+           {**{b: [None if r[b] is None else 100 * r[b] for r in rows] for b in columns},
+            "avg": [100 * r["avg"] for r in rows]})
+    _lines(out_dir / "sweep_tokens.png", "mean response tokens", steps,
+           {**{b: [r["tokens_by_benchmark"].get(b) for r in rows] for b in columns},
+            "avg": [r["tokens"] for r in rows]})
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _bars(path: Path, ylabel: str, groups: list[str], series: dict[str, list]) -> None:
+    """Grouped bar chart: one group per benchmark, one bar per run."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(series)) / 2), 4))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [0 if v is None else v for v in values], width, label=name)
+    ax.set_xticks(range(len(groups)), groups, rotation=20)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _lines(path: Path, ylabel: str, steps: list[int], series: dict[str, list]) -> None:
+    """One line per benchmark (and the average) against training step."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, values in series.items():
+        pts = [(s, v) for s, v in zip(steps, values) if v is not None]
+        ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o",
+                linewidth=2.5 if name == "avg" else 1.2, label=name)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
