@@ -43,11 +43,13 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self.store)
 
-    def step(self, fresh: RolloutBatch, step: int, *, refused: Mapping[str, int] | None = None) -> Composition:
+    def step(self, fresh: RolloutBatch, step: int, *, refused: Mapping[str, int] | None = None,
+             multiple_of: int = 1) -> Composition:
         """One training step: evict by age at `step`; draw the replay part from what is already
         stored (so never this step's own rollouts); count the reuse; store `fresh` with
         version `step`. `refused` adds rollouts the caller already dropped (e.g. from
-        `validate_rollouts`) to the refusal counters. Steps must increase.
+        `validate_rollouts`) to the refusal counters. Steps must increase. `multiple_of`: the number
+        replayed is a multiple of it (see `replay_count`).
 
         With mode none nothing is stored or drawn: the composition is `fresh` alone.
         """
@@ -61,7 +63,7 @@ class ReplayBuffer:
         if self.config.enabled:
             self.store.evict(step)
             composer = compose_rlep if self.config.mode == "success" else compose
-            comp = composer(fresh, self.store, self.sampler, self.config, step, self.rng)
+            comp = composer(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of)
             self.store.increment_reuse(comp.indices)
             self.store.insert(fresh, version=step)
         else:

@@ -15,7 +15,7 @@ import numpy as np
 
 from replay.config import ReplayConfig
 from replay.record import RolloutBatch
-from replay.samplers import Sampler
+from replay.samplers import Draw, Sampler
 from replay.store import RolloutStore
 
 
@@ -48,11 +48,17 @@ class Composition:
         return w if self.order is None else w[self.order]
 
 
-def replay_count(n_fresh: int, ratio: float, step: int, warmup: int, available: int) -> int:
-    """k = round(ratio * n_fresh) (halves up), 0 before `warmup`, never more than `available`."""
+def replay_count(n_fresh: int, ratio: float, step: int, warmup: int, available: int, multiple_of: int = 1) -> int:
+    """k = round(ratio * n_fresh) (halves up), 0 before `warmup`, never more than `available`.
+
+    With `multiple_of` m > 1 (the integration passes its training batch size, so that every
+    data-parallel rank runs whole optimizer steps) k is rounded to the nearest multiple of m and
+    then cut down to the largest multiple of m that `available` allows.
+    """
     if step < warmup:
         return 0
-    return max(0, min(math.floor(ratio * n_fresh + 0.5), available))
+    k = math.floor(ratio * n_fresh / multiple_of + 0.5) * multiple_of
+    return max(0, min(k, available // multiple_of * multiple_of))
 
 
 def group_normalise(rewards: np.ndarray, group_index: np.ndarray, divide_by_std: bool = True) -> np.ndarray:
@@ -74,9 +80,10 @@ def group_normalise(rewards: np.ndarray, group_index: np.ndarray, divide_by_std:
 
 
 def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
-            rng: np.random.Generator) -> Composition:
-    """Fresh-anchored batch: every fresh rollout, plus up to round(ratio * n_fresh) replayed ones."""
-    k = replay_count(len(fresh), config.ratio, step, config.warmup, len(store))
+            rng: np.random.Generator, multiple_of: int = 1) -> Composition:
+    """Fresh-anchored batch: every fresh rollout, plus up to round(ratio * n_fresh) replayed ones
+    (a multiple of `multiple_of`, see `replay_count`)."""
+    k = replay_count(len(fresh), config.ratio, step, config.warmup, len(store), multiple_of)
     if k == 0:
         return _fresh_only(fresh)
     draw = sampler(store.view(), k, step, rng, fresh_prompt_uids=fresh.prompt_uids)
@@ -84,14 +91,18 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
 
 
 def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
-                 rng: np.random.Generator, *, divide_by_std: bool = True) -> Composition:
+                 rng: np.random.Generator, multiple_of: int = 1, *, divide_by_std: bool = True) -> Composition:
     """RLEP: up to `per_prompt` stored successes of each fresh prompt join that prompt's fresh
     group (they take its group id); advantages of each enlarged group are recomputed over all
-    its members. Groups that got no replay keep their advantages untouched."""
+    its members. Groups that got no replay keep their advantages untouched. With `multiple_of`
+    m > 1 a random subset of the draw is kept, the largest multiple of m (before regrouping)."""
     uids = fresh.prompt_uids[np.sort(np.unique(fresh.prompt_uids, return_index=True)[1])]
     if step < config.warmup or not len(store) or not len(uids):
         return _fresh_only(fresh)
     draw = sampler(store.view(), config.per_prompt * len(uids), step, rng, fresh_prompt_uids=uids)
+    if multiple_of > 1:
+        keep = np.sort(rng.permutation(len(draw.indices))[: len(draw.indices) // multiple_of * multiple_of])
+        draw = Draw(draw.indices[keep], draw.weights[keep], dict(draw.info))
     if not len(draw.indices):
         return _fresh_only(fresh, dict(draw.info))
     replayed = store.gather(draw.indices)

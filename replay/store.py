@@ -81,6 +81,19 @@ class _Chunk:
     def __len__(self) -> int:
         return len(self.meta["versions"])
 
+    def compacted(self) -> _Chunk:
+        """A copy holding only the live rows (frees the bytes of evicted ones)."""
+        s = self.start
+        ch = object.__new__(_Chunk)
+        p0, r0 = self.prompt_offsets[s], self.response_offsets[s]
+        ch.prompt_ids, ch.prompt_offsets = self.prompt_ids[p0:].copy(), self.prompt_offsets[s:] - p0
+        ch.response_ids, ch.response_offsets = self.response_ids[r0:].copy(), self.response_offsets[s:] - r0
+        ch.action_mask = None if self.action_mask is None else self.action_mask[r0:].copy()
+        ch.logprobs = self.logprobs[r0:].copy()
+        ch.meta = {k: v[s:].copy() for k, v in self.meta.items()}
+        ch.start = 0
+        return ch
+
     @property
     def n_live(self) -> int:
         return len(self) - self.start
@@ -167,6 +180,7 @@ class RolloutStore:
                     continue
                 n_age += max(0, first_live - ch.start)
                 ch.start = max(ch.start, first_live)
+                self._compact_front()
                 break
         if n_age:
             self._size -= n_age
@@ -202,10 +216,18 @@ class RolloutStore:
             else:
                 ch.start += left
                 left = 0
+                self._compact_front()
         self._size -= excess
         self.counters["evicted_capacity"] += excess
         self._cache = None
         return excess
+
+    def _compact_front(self) -> None:
+        """Copy the first chunk's live rows once more than half of it is evicted: dead bytes stay
+        below half a chunk, and each rollout is copied at most once more on average."""
+        if self._chunks and self._chunks[0].start * 2 > len(self._chunks[0]):
+            self._chunks[0] = self._chunks[0].compacted()
+            self._cache = None
 
     def _keep_rule(self, batch: RolloutBatch, ok: np.ndarray) -> np.ndarray:
         if self.keep == "all":
@@ -229,6 +251,8 @@ class RolloutStore:
     def gather(self, indices: np.ndarray | Sequence[int]) -> RolloutBatch:
         """Copy out live rollouts `indices` (into `view()`; repeats allowed), in that order."""
         idx = self._check_indices(indices)
+        if not len(idx):
+            return RolloutBatch.empty()
         view, loc, chunks = self._cached()
         which = loc["chunk"][idx]
         p_off, (prompt_ids,) = gather_segments([ch.prompt_ids for ch in chunks], which,

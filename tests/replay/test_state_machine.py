@@ -1,0 +1,267 @@
+"""Hypothesis state machines over the store and the buffer, each against a plain-Python model
+and a twin that is repeatedly saved and reloaded (it must keep drawing exactly like the original).
+
+Invariants: size never above capacity; nothing older than the age limit after eviction; the
+view equals the model (so draws index only live rollouts, and gathers return their data); no
+duplicates without replacement; fresh rollouts never displaced; replay only of earlier steps.
+"""
+import math
+import tempfile
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from replay import (KEEP_RULES, REFUSAL_REASONS, ReplayBuffer, ReplayConfig, RolloutBatch, RolloutStore, get_sampler,
+                    load_state, save_state)
+from replay.testing import random_batch
+
+SETTINGS = settings(max_examples=100, stateful_step_count=25, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def _rows(batch):
+    """Per-rollout dicts (the model's representation)."""
+    rows = []
+    for i in range(len(batch)):
+        r = slice(batch.response_offsets[i], batch.response_offsets[i + 1])
+        rows.append(dict(prompt=batch.prompt(i).tolist(), response=batch.response(i).tolist(),
+                         mask=batch.action_mask[r].tolist(), logp=batch.behaviour_logprobs[r].tolist(),
+                         reward=float(batch.rewards[i]), adv=float(batch.advantages[i]),
+                         uid=int(batch.prompt_uids[i]), group=int(batch.group_ids[i]), version=int(batch.versions[i])))
+    return rows
+
+
+def _reason(row):
+    if not row["response"]:
+        return "empty_response"
+    if not math.isfinite(row["reward"]):
+        return "non_finite_reward"
+    if not math.isfinite(row["adv"]):
+        return "non_finite_advantage"
+    if any(m and not math.isfinite(lp) for m, lp in zip(row["mask"], row["logp"])):
+        return "non_finite_logprob"
+    return None
+
+
+class StoreMachine(RuleBasedStateMachine):
+    @initialize(capacity=st.integers(1, 40), max_age=st.none() | st.integers(0, 4), keep=st.sampled_from(KEEP_RULES))
+    def setup(self, capacity, max_age, keep):
+        self.kw = dict(capacity=capacity, max_age=max_age, keep=keep)
+        self.store = RolloutStore(**self.kw)
+        self.twin = RolloutStore(**self.kw)  # saved and reloaded along the way
+        self.model: list[dict] = []  # live rollouts, oldest first
+        self.counters = dict.fromkeys(self.store.counters, 0)
+        self.step = 0
+        self.serial = 0
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def teardown(self):
+        if hasattr(self, "tmp"):
+            self.tmp.cleanup()
+
+    @rule(n_groups=st.integers(0, 4), group_size=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
+          faults=st.lists(st.tuples(st.sampled_from(["reward", "adv", "logp", "empty"]), st.integers(0, 15)),
+                          max_size=3))
+    def insert(self, n_groups, group_size, seed, faults):
+        rng = np.random.default_rng(seed)
+        rows = _rows(random_batch(rng, n_groups, group_size, self.step, prompt_len=(0, 3), response_len=(1, 4),
+                                  n_prompts=5, partial_mask=bool(seed % 2), group_id_base=seed))
+        for kind, i in faults:
+            if not rows:
+                break
+            row = rows[i % len(rows)]
+            if kind == "reward":
+                row["reward"] = math.nan
+            elif kind == "adv":
+                row["adv"] = -math.inf
+            elif kind == "logp" and row["logp"]:
+                row["logp"][0] = math.nan  # refused only where the action mask is set
+            else:
+                row.update(response=[], mask=[], logp=[])
+        batch = RolloutBatch.from_lists(*[[r[k] for r in rows] for k in
+                                          ("prompt", "response", "mask", "logp", "reward", "adv", "uid", "group")],
+                                        self.step)
+        res = self.store.insert(batch, version=self.step)
+        assert self.twin.insert(batch, version=self.step) == res
+        # Model: refuse, then apply the keep rule, then trim to capacity from the oldest.
+        reasons = [_reason(r) for r in rows]
+        valid = [r for r, why in zip(rows, reasons) if why is None]
+        informative_groups = {r["group"] for r in valid if abs(r["adv"]) >= 1e-6}
+        rule_of = {"all": lambda r: True, "success": lambda r: r["reward"] > 0.5,
+                   "nonzero_advantage": lambda r: abs(r["adv"]) >= 1e-6,
+                   "nonzero_group": lambda r: r["group"] in informative_groups}[self.kw["keep"]]
+        kept = [r for r in valid if rule_of(r)]
+        for why in REFUSAL_REASONS[1:]:
+            assert res.refused[why] == reasons.count(why)
+            self.counters[f"refused/{why}"] += reasons.count(why)
+        assert res.inserted == len(kept) and res.filtered == len(valid) - len(kept)
+        self.counters["inserted"] += len(kept)
+        self.counters["skipped_unsuccessful" if self.kw["keep"] == "success" else "skipped_zero_adv"] += res.filtered
+        for r in kept:
+            self.model.append(dict(r, serial=self.serial, reuse=0))
+            self.serial += 1
+        over = max(0, len(self.model) - self.kw["capacity"])
+        assert res.evicted_capacity == over
+        self.counters["evicted_capacity"] += over
+        del self.model[:over]
+
+    @rule(by=st.integers(0, 3))
+    def advance_step(self, by):
+        self.step += by
+
+    @rule()
+    def evict(self):
+        got = self.store.evict(self.step)
+        assert self.twin.evict(self.step) == got
+        limit = self.kw["max_age"]
+        survivors = [r for r in self.model if limit is None or self.step - r["version"] <= limit]
+        assert got == (len(self.model) - len(survivors), 0)
+        self.counters["evicted_age"] += got[0]
+        self.model = survivors
+        if limit is not None:
+            assert np.all(self.step - self.store.view().versions <= limit)
+
+    @precondition(lambda self: len(self.model) > 0)
+    @rule(name=st.sampled_from(["uniform", "advantage", "freshness", "success", "group"]), k=st.integers(0, 12),
+          replacement=st.booleans(), seed=st.integers(0, 2 ** 16), reuse=st.booleans())
+    def sample(self, name, k, replacement, seed, reuse):
+        knobs = {"uniform": dict(replacement=replacement), "advantage": dict(replacement=replacement),
+                 "freshness": dict(replacement=replacement, tau=3.0), "success": {}, "group": {}}[name]
+        fresh_uids = np.array([0, 2, 4]) if name == "success" and seed % 2 else None
+        sampler = get_sampler(name)
+        draw = sampler(self.store.view(), k, self.step, np.random.default_rng(seed), fresh_prompt_uids=fresh_uids,
+                       **knobs)
+        twin = sampler(self.twin.view(), k, self.step, np.random.default_rng(seed), fresh_prompt_uids=fresh_uids,
+                       **knobs)
+        assert np.array_equal(draw.indices, twin.indices) and np.array_equal(draw.weights, twin.weights)
+        idx = draw.indices
+        assert idx.dtype == np.int64 and len(draw.weights) == len(idx)
+        assert np.all((idx >= 0) & (idx < len(self.model)))
+        if name in ("uniform", "advantage", "freshness") and not replacement or name == "success":
+            assert len(set(idx.tolist())) == len(idx)
+        if name != "group":
+            assert len(idx) <= k
+        if name == "success":
+            assert all(self.model[i]["reward"] > 0.5 for i in idx)
+        # Gathered data is exactly the model's rollouts at those indices.
+        got = _rows(self.store.gather(idx))
+        for g, i in zip(got, idx):
+            want = self.model[i]
+            assert all(g[key] == want[key] for key in ("prompt", "response", "mask", "reward", "adv", "uid",
+                                                       "group", "version"))
+            # A NaN log-prob under a False mask is stored as is.
+            assert np.array_equal(g["logp"], want["logp"], equal_nan=True)
+        if reuse:
+            self.store.increment_reuse(idx)
+            self.twin.increment_reuse(idx)
+            for i in idx:
+                self.model[i]["reuse"] += 1
+
+    @rule(through_file=st.booleans())
+    def save_and_reload_twin(self, through_file):
+        state = self.twin.state_dict()
+        if through_file:
+            path = f"{self.tmp.name}/store.npz"
+            save_state(path, state)
+            state = load_state(path)
+        self.twin = RolloutStore(**self.kw)
+        self.twin.load_state_dict(state)
+
+    @invariant()
+    def matches_model(self):
+        if not hasattr(self, "store"):
+            return
+        assert len(self.store) <= self.kw["capacity"] and len(self.store) == len(self.model)
+        view, twin = self.store.view(), self.twin.view()
+        assert view.serials.tolist() == [r["serial"] for r in self.model]
+        assert view.versions.tolist() == [r["version"] for r in self.model]
+        assert view.advantages.tolist() == [r["adv"] for r in self.model]
+        assert view.rewards.tolist() == [r["reward"] for r in self.model]
+        assert view.reuse_counts.tolist() == [r["reuse"] for r in self.model]
+        assert np.all(np.diff(view.versions) >= 0)
+        for name in ("serials", "versions", "advantages", "rewards", "reuse_counts", "group_ids", "prompt_uids",
+                     "response_lengths"):
+            assert np.array_equal(getattr(view, name), getattr(twin, name)), name
+        assert self.store.counters == self.twin.counters == self.counters
+
+
+class BufferMachine(RuleBasedStateMachine):
+    @initialize(mode=st.sampled_from(["naive", "uniform", "advantage", "freshness", "success"]),
+                ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]), warmup=st.integers(0, 3),
+                max_age=st.none() | st.integers(0, 3), capacity=st.integers(1, 60), replacement=st.booleans(),
+                seed=st.integers(0, 1000))
+    def setup(self, mode, ratio, warmup, max_age, capacity, replacement, seed):
+        self.cfg = ReplayConfig(mode=mode, ratio=ratio, warmup=warmup, max_age=max_age, capacity=capacity,
+                                replacement=replacement, seed=seed, tau=2.0)
+        self.buf, self.twin = ReplayBuffer(self.cfg), ReplayBuffer(self.cfg)
+        self.step = 0
+        self.tmp = tempfile.TemporaryDirectory()
+
+    def teardown(self):
+        if hasattr(self, "tmp"):
+            self.tmp.cleanup()
+
+    @rule(n_groups=st.integers(0, 4), group_size=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
+          advance=st.integers(1, 3))
+    def train_step(self, n_groups, group_size, seed, advance):
+        self.step += advance
+        fresh = random_batch(np.random.default_rng(seed), n_groups, group_size, self.step, n_prompts=4,
+                             group_id_base=self.step * 10)
+        limit = self.cfg.age_limit
+        before = self.buf.store.view()
+        available = int(np.sum(before.versions >= self.step - limit)) if limit is not None else len(before)
+        comp = self.buf.step(fresh, self.step)
+        twin = self.twin.step(fresh, self.step)
+        # The reloaded twin continues exactly like the original.
+        assert np.array_equal(comp.indices, twin.indices)
+        for f in RolloutBatch.__dataclass_fields__:
+            assert np.array_equal(getattr(comp.batch, f), getattr(twin.batch, f)), f
+        layout = ("replay/nbytes", "replay/bytes_per_token")  # a reload compacts storage
+        drop = lambda m: {k: v for k, v in m.items() if k not in layout}  # noqa: E731
+        assert drop(self.buf.metrics()) == drop(self.twin.metrics())
+        # Fresh never displaced: every fresh rollout is in the batch, in order.
+        batch = comp.batch
+        fresh_rows = batch.select(np.flatnonzero(~comp.is_replay))
+        assert np.array_equal(fresh_rows.response_ids, fresh.response_ids)
+        assert np.array_equal(fresh_rows.response_offsets, fresh.response_offsets)
+        rep = comp.replayed
+        assert np.all(rep.versions < self.step)
+        if limit is not None:
+            assert np.all(self.step - rep.versions <= limit)
+        k = 0 if self.step < self.cfg.warmup else min(math.floor(self.cfg.ratio * len(fresh) + 0.5), available)
+        if self.cfg.mode in ("uniform", "advantage", "freshness"):
+            assert len(rep) == (k if self.cfg.replacement else min(k, available))
+            if not self.cfg.replacement:
+                assert len(set(comp.indices.tolist())) == len(comp.indices)
+        elif self.cfg.mode == "success":
+            assert np.all(rep.rewards > self.cfg.success_threshold)
+            assert set(rep.prompt_uids.tolist()) <= set(fresh.prompt_uids.tolist())
+        elif k == 0:
+            assert len(rep) == 0
+
+    @rule(through_file=st.booleans())
+    def save_and_reload_twin(self, through_file):
+        if through_file:
+            path = f"{self.tmp.name}/replay.npz"
+            self.twin.save(path)
+            self.twin = ReplayBuffer.load(path, self.cfg)
+        else:
+            state = self.twin.state_dict()
+            self.twin = ReplayBuffer(self.cfg)
+            self.twin.load_state_dict(state)
+
+    @invariant()
+    def bounded_and_twinned(self):
+        if not hasattr(self, "buf"):
+            return
+        assert len(self.buf) <= self.cfg.capacity
+        assert np.array_equal(self.buf.store.view().serials, self.twin.store.view().serials)
+        assert self.buf.store.counters == self.twin.store.counters
+
+
+TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.settings = SETTINGS
+TestBufferMachine = BufferMachine.TestCase
+TestBufferMachine.settings = SETTINGS
