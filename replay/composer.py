@@ -55,6 +55,8 @@ def replay_count(n_fresh: int, ratio: float, step: int, warmup: int, available: 
     data-parallel rank runs whole optimizer steps) k is rounded to the nearest multiple of m and
     then cut down to the largest multiple of m that `available` allows.
     """
+    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
+        raise ValueError(f"multiple_of must be an integer >= 1, got {multiple_of!r}")
     if step < warmup:
         return 0
     k = math.floor(ratio * n_fresh / multiple_of + 0.5) * multiple_of
@@ -87,6 +89,10 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
     if k == 0:
         return _fresh_only(fresh)
     draw = sampler(store.view(), k, step, rng, fresh_prompt_uids=fresh.prompt_uids)
+    if len(draw.indices) % multiple_of:
+        # Only whole-group draws (naive) miss k: drop the tail, cutting the last group short.
+        cut = len(draw.indices) // multiple_of * multiple_of
+        draw = Draw(draw.indices[:cut], draw.weights[:cut], dict(draw.info))
     return Composition(fresh, store.gather(draw.indices), draw.weights, draw.indices, dict(draw.info))
 
 

@@ -20,6 +20,30 @@ def test_replay_count(n_fresh, ratio, step, warmup, available, k):
     assert replay_count(n_fresh, ratio, step, warmup, available) == k
 
 
+@pytest.mark.parametrize("n_fresh, ratio, available, m, k", [
+    (1024, 0.5, 10_000, 64, 512),
+    (100, 0.5, 10_000, 16, 48),  # 50 rounds to the nearest multiple
+    (100, 0.5, 40, 16, 32),  # the buffer allows 40: the largest multiple is 32
+    (100, 0.5, 15, 16, 0),
+])
+def test_replay_count_multiple_of(n_fresh, ratio, available, m, k):
+    assert replay_count(n_fresh, ratio, 30, 0, available, multiple_of=m) == k
+    with pytest.raises(ValueError, match="multiple_of must be an integer >= 1, got 0"):
+        replay_count(n_fresh, ratio, 30, 0, available, multiple_of=0)
+
+
+@pytest.mark.parametrize("mode", ["naive", "uniform", "advantage", "freshness", "success"])
+def test_replayed_count_is_a_multiple_when_asked(mode):
+    from replay import ReplayBuffer
+    rng = np.random.default_rng(11)
+    buf = ReplayBuffer(ReplayConfig(mode=mode, warmup=0, ratio=0.7, seed=2))
+    for step in range(6):
+        # Groups of 3 with few prompts: group draws and RLEP draws rarely land on a multiple of 4.
+        comp = buf.step(random_batch(rng, 5, 3, step, n_prompts=3, group_id_base=10 * step), step, multiple_of=4)
+        assert len(comp.replayed) % 4 == 0 and len(comp.replayed) <= replay_count(15, 0.7, step, 0, 10 ** 9, 4)
+    assert buf.metrics()["replay/replayed"] > 0 or mode == "success"
+
+
 def test_group_normalise_matches_torch_group_norm():
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)

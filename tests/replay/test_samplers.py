@@ -97,6 +97,12 @@ def test_weighted_draw_without_replacement_is_successive_sampling():
     # Control: drawing the pair proportionally with replacement then rejecting repeats is different.
     wrong = [len(pairs) * p[i] * p[j] / (s * s - np.square(p).sum()) for i, j in cells]
     assert chi_square_p(observed, wrong) < 1e-6
+    # The returned order is the draw order: the first of k is drawn proportionally to p, for
+    # k < n (partial selection) and k = n (a full ordering) alike.
+    p8 = np.arange(1.0, 9.0)
+    for k in (4, 8):
+        first = np.array([weighted_draw(p8, k, rng, replacement=False)[0] for _ in range(8000)])
+        assert chi_square_p(np.bincount(first, minlength=8), 8000 * p8 / p8.sum()) > 1e-3
     # k beyond the drawable candidates gives each once.
     assert sorted(weighted_draw(np.array([1.0, 0.0, 2.0]), 5, rng, replacement=False).tolist()) == [0, 2]
 
