@@ -1,0 +1,70 @@
+"""`SampleRecord`: one graded model response, the unit that generation writes and metrics read."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+VERDICTS = ("correct", "incorrect", "unparseable", "timeout")
+"""The values of `evaluation.grader.Verdict`, repeated here so records need no grader import."""
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One sampled response to one benchmark problem, with its grade. Checked on creation."""
+
+    benchmark: str
+    """Benchmark name, e.g. "math500"."""
+    problem_id: str
+    """`Problem.id` of the problem answered."""
+    sample_index: int
+    """0-based index of this sample among the problem's n samples."""
+    prompt: str
+    """The exact text given to the model (chat template applied)."""
+    response: str
+    """The generated text, without the prompt."""
+    response_tokens: int
+    """Number of generated tokens."""
+    truncated: bool
+    """True when generation stopped at the token limit (finish reason "length")."""
+    verdict: str
+    """One of VERDICTS; a `Verdict` member is accepted and stored as its value."""
+    extracted: str | None
+    """The answer the grader extracted (`Graded.extracted`), None if none."""
+    gold: str
+    """The gold answer graded against (`Problem.answer`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("benchmark", "problem_id", "prompt", "response", "gold"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"SampleRecord.{name} must be a str, got "
+                                f"{type(getattr(self, name)).__name__}")
+        for name in ("sample_index", "response_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"SampleRecord.{name} must be an int >= 0, got {value!r}")
+        if not isinstance(self.truncated, bool):
+            raise TypeError(f"SampleRecord.truncated must be a bool, got {self.truncated!r}")
+        if isinstance(self.verdict, str):  # a Verdict member is stored as its plain value
+            object.__setattr__(self, "verdict", str(self.verdict))
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"SampleRecord.verdict must be one of {VERDICTS}, "
+                             f"got {self.verdict!r}")
+        if self.extracted is not None and not isinstance(self.extracted, str):
+            raise TypeError(f"SampleRecord.extracted must be a str or None, got {self.extracted!r}")
+
+    @property
+    def correct(self) -> bool:
+        return self.verdict == "correct"
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict with exactly the fields above."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: dict) -> "SampleRecord":
+        """Build from a dict (e.g. a JSONL line); keys beyond the fields are ignored."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in row]
+        if missing:
+            raise ValueError(f"sample record lacks field(s) {missing}; has {sorted(row)}")
+        return cls(**{n: row[n] for n in names})
