@@ -31,13 +31,17 @@ class ReplayConfig:
     """Rollout-level replay for GRPO (METHOD.md sections 2-3). Flags: `--replay.<field>`."""
 
     mode: str = "none"
-    """Replay variant: none (plain GRPO), naive (whole groups, FIFO, uniform with replacement), uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: priority decayed by age), success (RLEP: verified-correct rollouts join their prompt's fresh group)."""
+    """Replay variant: none (plain GRPO), naive (whole groups, FIFO, uniform with replacement),
+    uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: priority
+    decayed by age), success (RLEP: verified-correct rollouts join their prompt's fresh group)."""
     ratio: float = 0.5
-    """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), rounding halves up."""
+    """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), rounding halves up
+    (success mode replays per_prompt per fresh prompt instead)."""
     warmup: int = 20
     """Steps without replay: replay starts at step >= warmup (the buffer fills meanwhile)."""
     max_age: Optional[int] = None
-    """Age limit in steps (age = step - version; older rollouts are evicted). Unset: the mode's default (10 for uniform, advantage, success; none for naive, freshness). 0: no age limit."""
+    """Age limit in steps (age = step - version; older rollouts are evicted). Unset: the mode's
+    default (10 for uniform, advantage, success; none for naive, freshness). 0: no age limit."""
     capacity: int = 30000
     """Most rollouts held; the oldest go first when full."""
     alpha: Optional[float] = None
@@ -59,13 +63,16 @@ class ReplayConfig:
     success_threshold: float = 0.5
     """A rollout is verified-correct when its reward > this."""
     min_abs_advantage: float = 1e-6
-    """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups; not applied in success mode)."""
+    """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups;
+    not applied in success mode)."""
     off_policy: str = "stale"
-    """stale: pi_old of a replayed rollout is its stored behaviour log-prob; refresh: recompute pi_old under the current weights and correct with a truncated importance weight."""
+    """stale: pi_old of a replayed rollout is its stored behaviour log-prob; refresh: recompute
+    pi_old under the current weights and correct with a truncated importance weight."""
     seed: int = 0
     """Seed of the buffer's own random generator (sampling)."""
     allow_empty_resume: bool = False
-    """On resume, start with an empty buffer when the replay checkpoint is missing, instead of failing."""
+    """On resume, start with an empty buffer when the replay checkpoint is missing, instead of
+    failing."""
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
@@ -133,7 +140,8 @@ class ReplayConfig:
     def from_dict(cls, d: dict[str, Any]) -> ReplayConfig:
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"unknown replay config fields {sorted(unknown)}; known: {[f.name for f in dataclasses.fields(cls)]}")
+            known = [f.name for f in dataclasses.fields(cls)]
+            raise ValueError(f"unknown replay config fields {sorted(unknown)}; known: {known}")
         return cls(**d)
 
     @classmethod
@@ -150,7 +158,8 @@ class ReplayConfig:
                 continue
             base = typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Union else tp
             choices = {"mode": MODES, "off_policy": OFF_POLICY}.get(f.name)
-            group.add_argument(flag, dest=dest, type=base, default=f.default, choices=choices, help=text)
+            group.add_argument(flag, dest=dest, type=base, default=f.default, choices=choices, help=text,
+                               metavar=None if choices else base.__name__.upper())
         return parser
 
     @classmethod

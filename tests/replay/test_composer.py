@@ -121,3 +121,17 @@ def test_composition_batch_of_empty_replay_is_fresh():
     cfg = ReplayConfig(mode="uniform", warmup=0)
     comp = compose(fresh, RolloutStore(10, None), sampler_from_config(cfg), cfg, 0, rng)
     assert comp.batch is fresh and isinstance(comp.replayed, RolloutBatch)
+
+
+def test_openrlhf_group_norm_is_still_the_formula_mirrored():
+    """group_normalise mirrors upstream's group_norm (torch std, Bessel-corrected, + 1e-9). Read
+    upstream's source without importing it (that would pull in torch, DeepSpeed, vLLM)."""
+    import importlib.util
+    import pathlib
+    spec = importlib.util.find_spec("openrlhf")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("openrlhf is not installed")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "trainer/ppo_utils/experience_maker.py"
+    source = " ".join(path.read_text().split())
+    assert ('rewards = (rewards - rewards.mean(-1, keepdim=True)) / (rewards.std(-1, keepdim=True) + 1e-9)'
+            in source), f"upstream group_norm changed in {path}: update replay.composer.group_normalise"
