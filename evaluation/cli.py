@@ -200,6 +200,9 @@ def run(opts: RunOptions) -> dict:
     """Evaluate one model (resuming whatever the output directory already holds); the summary."""
     started = time.time()
     names = opts.benchmark_names
+    if opts.temperature == 0 and opts.n_samples > 1:
+        logger.warning("greedy decoding (--temperature 0): the %d samples of a problem are "
+                       "identical; set --temperature 0.6 --top-p 0.95 to sample", opts.n_samples)
     model = resolve_model(opts.model)
     problems = {}
     for name in names:
@@ -397,7 +400,8 @@ def _run_options(args: argparse.Namespace, **override) -> RunOptions:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (2 for a usage error, with a message)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logger.setLevel(logging.INFO)  # this package's progress notes, without everyone else's
     try:
         if args.command == "run":
             run(_run_options(args))

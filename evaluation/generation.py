@@ -60,14 +60,28 @@ class Backend(abc.ABC):
     name: str
     tokenizer: Any
 
-    @abc.abstractmethod
     def generate(self, prompts: list[str], n: int = 1, temperature: float = 0.0,
                  top_p: float = 1.0, max_new_tokens: int = 1024,
                  seed: int | Sequence[int] = 0) -> list[list[Generation]]:
         """Return, for each prompt, its n generations in sample-index order.
 
-        `seed` is one base seed or one seed per prompt (sample j then uses seed + j).
+        `seed` is one base seed or one seed per prompt (sample j then uses seed + j). Greedy
+        decoding (temperature 0) generates once per prompt and repeats it n times (vLLM refuses
+        greedy requests with n > 1, and the samples would be equal anyway).
         """
+        if temperature < 0 or not 0 < top_p <= 1 or n < 1 or max_new_tokens < 1:
+            raise ValueError(f"bad sampling settings: n={n}, temperature={temperature}, "
+                             f"top_p={top_p}, max_new_tokens={max_new_tokens}")
+        seeds = _prompt_seeds(seed, len(prompts), n)
+        if temperature == 0:
+            once = self._generate(prompts, 1, 0.0, 1.0, max_new_tokens, seeds)
+            return [gens * n for gens in once]
+        return self._generate(prompts, n, temperature, top_p, max_new_tokens, seeds)
+
+    @abc.abstractmethod
+    def _generate(self, prompts: list[str], n: int, temperature: float, top_p: float,
+                  max_new_tokens: int, seeds: list[int]) -> list[list[Generation]]:
+        """`generate` with per-prompt seeds; temperature 0 comes with n = 1."""
 
     def close(self) -> None:
         """Release the model (and any engine processes)."""
@@ -108,14 +122,12 @@ class VLLMBackend(Backend):
                        seed=engine_seed, **engine_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompts: list[str], n: int = 1, temperature: float = 0.0,
-                 top_p: float = 1.0, max_new_tokens: int = 1024,
-                 seed: int | Sequence[int] = 0) -> list[list[Generation]]:
+    def _generate(self, prompts: list[str], n: int, temperature: float, top_p: float,
+                  max_new_tokens: int, seeds: list[int]) -> list[list[Generation]]:
         from vllm import SamplingParams
 
-        seeds = _prompt_seeds(seed, len(prompts), n)
         greedy = temperature == 0
-        params = [SamplingParams(n=n, temperature=temperature, top_p=1.0 if greedy else top_p,
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p,
                                  max_tokens=max_new_tokens, seed=None if greedy else s)
                   for s in seeds]
         inputs = [{"prompt_token_ids": encode_prompt(self.tokenizer, p)} for p in prompts]
@@ -158,10 +170,8 @@ class HFBackend(Backend):
             eos_token_id=eos, pad_token_id=self.pad_id,
             bos_token_id=self.model.generation_config.bos_token_id)
 
-    def generate(self, prompts: list[str], n: int = 1, temperature: float = 0.0,
-                 top_p: float = 1.0, max_new_tokens: int = 1024,
-                 seed: int | Sequence[int] = 0) -> list[list[Generation]]:
-        seeds = _prompt_seeds(seed, len(prompts), n)
+    def _generate(self, prompts: list[str], n: int, temperature: float, top_p: float,
+                  max_new_tokens: int, seeds: list[int]) -> list[list[Generation]]:
         rows = [(encode_prompt(self.tokenizer, p), s + j)
                 for p, s in zip(prompts, seeds) for j in range(n)]
         flat: list[Generation] = []

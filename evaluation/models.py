@@ -148,6 +148,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
     tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.clean_up_tokenization_spaces = False  # a WordPiece step; wrong (and warned) for BPE
     tokenizer.save_pretrained(out)
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=eos_id,
                      pad_token_id=eos_id).save_pretrained(out)
