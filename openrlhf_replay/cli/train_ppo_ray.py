@@ -1,0 +1,179 @@
+"""`python -m openrlhf_replay.cli.train_ppo_ray`: upstream's GRPO/PPO launcher plus `--replay.*`.
+
+Upstream keeps its parser and argument checks inline under `if __name__ == "__main__"` of
+`openrlhf/cli/train_ppo_ray.py` (0.11.2 has no `get_parser()`). Rather than copy ~600 lines, this
+runs that very module with three seams:
+
+1. when its parser parses, the replay flags are added to it first (every upstream flag is
+   untouched, and `--help` lists both);
+2. when it nests the parsed flags (`openrlhf.utils.config.hierarchize`), the replay settings are
+   checked against the rest, so a configuration replay cannot run fails before Ray starts;
+3. with replay on, the controller and policy actor classes it looks up resolve to the replay
+   subclasses. With `--replay.mode none` (the default) nothing is swapped: the run is upstream's.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import runpy
+import sys
+
+from replay import ReplayConfig
+
+UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
+UNSUPPORTED_ESTIMATORS = ("gae",)  # critic-based: a stored advantage would need the critic of its time
+RLEP_ESTIMATORS = ("group_norm", "dr_grpo")  # RLEP recomputes these over the enlarged group
+
+
+class _ParserCaptured(Exception):
+    def __init__(self, parser):
+        super().__init__("parser captured")
+        self.parser = parser
+
+
+@contextlib.contextmanager
+def _patched(owner, name, value):
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield original
+    finally:
+        setattr(owner, name, original)
+
+
+def build_parser(with_replay: bool = True) -> argparse.ArgumentParser:
+    """Upstream's real `train_ppo_ray` parser, optionally with the replay flags; nothing is trained."""
+    def capture(parser, args=None, namespace=None):
+        if with_replay:
+            ReplayConfig.add_cli_args(parser)
+        raise _ParserCaptured(parser)
+
+    with _patched(argparse.ArgumentParser, "parse_args", capture):
+        try:
+            runpy.run_module(UPSTREAM_CLI, run_name="__main__")
+        except _ParserCaptured as captured:
+            return captured.parser
+    raise RuntimeError(f"{UPSTREAM_CLI} finished without parsing arguments: the seam moved")
+
+
+def data_parallel_ranks(args) -> int:
+    return args.actor.num_nodes * args.actor.num_gpus_per_node // args.ds.ring_attn_size // args.ds.tensor_parallel_size
+
+
+def replay_arg_errors(args) -> list[str]:
+    """What in the (nested) upstream arguments keeps replay from running, each with its fix."""
+    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
+
+    config = ReplayConfig.from_namespace(args)
+    if not config.enabled:
+        return []
+    errors = []
+    estimator = args.algo.advantage.estimator
+    if estimator in UNSUPPORTED_ESTIMATORS:
+        errors.append(f"--algo.advantage.estimator {estimator} needs a critic, and a replayed rollout's frozen "
+                      "advantage would be stale against it; use group_norm (GRPO), dr_grpo, rloo or reinforce_baseline")
+    if config.mode == "success" and estimator not in RLEP_ESTIMATORS:
+        errors.append(f"--replay.mode success recomputes group advantages as {' or '.join(RLEP_ESTIMATORS)}, "
+                      f"not {estimator}; pass --algo.advantage.estimator group_norm")
+    if args.train.dynamic_batch_enable:
+        errors.append("--train.dynamic_batch_enable sizes micro-batches from the fresh rollouts and silently drops "
+                      "the rest; turn it off to train on replayed rollouts")
+    if args.train.async_enable:
+        errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
+                      "this project does not extend); turn it off")
+    if args.algo.dynamic_filtering_enable:
+        errors.append("--algo.dynamic_filtering_enable makes the fresh batch size vary per step, so the replayed "
+                      "share cannot be spread evenly over ranks; turn it off (replay already skips zero-advantage groups)")
+    if args.algo.kl.init_coef > 0:
+        errors.append(f"--algo.kl.init_coef {args.algo.kl.init_coef}: replay stores one frozen advantage per rollout "
+                      "and no reference log-probs, so KL must be off; pass --algo.kl.init_coef 0")
+    if config.off_policy == "refresh" and args.algo.advantage.is_correction_level == "off":
+        errors.append("--replay.off_policy refresh corrects for the behaviour policy with upstream's importance "
+                      "weights; pass --algo.advantage.is_correction_level token (or seq)")
+    ranks = data_parallel_ranks(args)
+    fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    if fresh % (args.rollout.micro_batch_size * ranks):
+        errors.append(f"{fresh} fresh rollouts per step (rollout.batch_size x n_samples_per_prompt) do not split into "
+                      f"micro-batches of --rollout.micro_batch_size {args.rollout.micro_batch_size} evenly over "
+                      f"{ranks} data-parallel ranks; make it a multiple of {args.rollout.micro_batch_size * ranks}")
+    if fresh % args.train.batch_size:
+        errors.append(f"{fresh} fresh rollouts per step are not a whole number of --train.batch_size "
+                      f"{args.train.batch_size} batches; make rollout.batch_size x n_samples_per_prompt a multiple of it")
+    if config.mode != "success" and replay_per_step(config, args) == 0:
+        errors.append(f"--replay.ratio {config.ratio} x {fresh} fresh rollouts rounds to 0 whole training batches of "
+                      f"--train.batch_size {args.train.batch_size}; use --replay.ratio >= "
+                      f"{args.train.batch_size / 2 / fresh:.3g} or a smaller --train.batch_size")
+    return errors
+
+
+def _describe(args) -> str:
+    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
+
+    config = ReplayConfig.from_namespace(args)
+    fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    k = replay_per_step(config, args)
+    note = "" if k == config.ratio * fresh else (
+        f" (ratio x fresh = {config.ratio * fresh:g}, rounded to whole --train.batch_size {args.train.batch_size} "
+        "batches so every rank runs the same optimizer steps)")
+    if config.mode == "success":
+        return f"replay: mode success (RLEP), up to {config.per_prompt} replayed successes per prompt, after step {config.warmup}"
+    return f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step {config.warmup}{note}"
+
+
+def _install_replay_classes(stack: contextlib.ExitStack) -> None:
+    import openrlhf.trainer.ppo_trainer as upstream_trainer
+    import openrlhf.trainer.ray.ppo_actor as upstream_actor
+
+    from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
+    from openrlhf_replay.trainer.ray.ppo_actor import ReplayPolicyModelActor
+
+    # `train()` imports PPOTrainer from its module at call time; the upstream CLI module binds
+    # PolicyModelActor when it is executed, which happens after this.
+    stack.enter_context(_patched(upstream_trainer, "PPOTrainer", ReplayPPOTrainer))
+    stack.enter_context(_patched(upstream_actor, "PolicyModelActor", ReplayPolicyModelActor))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from openrlhf_replay.utils import check_openrlhf_version
+
+    check_openrlhf_version()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The class swap must precede the upstream module's own imports, so the mode is read first.
+    early, _ = ReplayConfig.add_cli_args(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
+    try:
+        replay_on = ReplayConfig.from_namespace(early).enabled
+    except ValueError as e:
+        sys.exit(f"train_ppo_ray: {e}")
+
+    import openrlhf.utils.config as upstream_config
+
+    original_parse = argparse.ArgumentParser.parse_args
+    original_hierarchize = upstream_config.hierarchize
+
+    def parse_with_replay(parser, args=None, namespace=None):
+        argparse.ArgumentParser.parse_args = original_parse  # one parse only: later parsers are not ours
+        ReplayConfig.add_cli_args(parser)
+        return original_parse(parser, argv, namespace)
+
+    def checked_hierarchize(flat):
+        nested = original_hierarchize(flat)
+        try:
+            errors = replay_arg_errors(nested)
+        except ValueError as e:  # a replay flag with a bad value
+            errors = [str(e)]
+        if errors:
+            sys.exit("train_ppo_ray: cannot run replay with these arguments:\n  - " + "\n  - ".join(errors))
+        if replay_on:
+            print(_describe(nested), flush=True)
+        return nested
+
+    with contextlib.ExitStack() as stack:
+        if replay_on:
+            _install_replay_classes(stack)
+        stack.enter_context(_patched(argparse.ArgumentParser, "parse_args", parse_with_replay))
+        stack.enter_context(_patched(upstream_config, "hierarchize", checked_hierarchize))
+        runpy.run_module(UPSTREAM_CLI, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

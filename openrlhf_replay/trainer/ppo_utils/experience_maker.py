@@ -1,0 +1,112 @@
+"""The experience maker that feeds the replay store and returns fresh + replayed experiences.
+
+Upstream's `make_experience_batch` turns one step's rollouts into Experience micro-batches with
+advantages. This subclass then (1) converts them into the replay core's records and lets the
+buffer evict, draw and store (the draw sees only earlier steps), (2) turns the drawn rollouts
+into Experience micro-batches shaped like the fresh ones, (3) with `--replay.off_policy refresh`
+recomputes their old log-probs under the current weights, and (4) orders the list so that every
+data-parallel rank gets the same fresh/replay split, because upstream hands each rank one
+contiguous chunk (`RayActorGroup.async_run_method_batch`).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from openrlhf.trainer.ppo_utils.experience import Experience
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+from openrlhf_replay.trainer.ppo_utils.experience import (
+    experiences_to_rollouts,
+    mark_fresh,
+    rollouts_to_experiences,
+    set_advantages,
+)
+from replay import ReplayBuffer, RolloutBatch
+
+logger = logging.getLogger(__name__)
+
+
+def data_parallel_ranks(args) -> int:
+    """Ranks that each take their own chunk of the batch (ring-attention / TP groups share one)."""
+    return (args.actor.num_nodes * args.actor.num_gpus_per_node
+            // args.ds.ring_attn_size // args.ds.tensor_parallel_size)
+
+
+class ReplayExperienceMaker(RemoteExperienceMaker):
+    """`RemoteExperienceMaker` whose batches are the step's fresh experiences plus replayed ones.
+
+    `step` must be set to the global step before each `make_experience_batch` call (the trainer
+    does this); it is the policy version of the fresh rollouts.
+    """
+
+    def __init__(self, *args, replay_buffer: ReplayBuffer, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.replay = replay_buffer
+        self.step = 0
+        self.replay_seconds = 0.0  # wall time of the replay work in the last step (conversion, store, draw)
+
+    def make_experience_batch(self, rollout_samples) -> list[Experience]:
+        fresh = super().make_experience_batch(rollout_samples)
+        if not self.replay.config.enabled:
+            return fresh
+        t0 = time.perf_counter()
+        args = self.args
+        mark_fresh(fresh)
+        rollouts = experiences_to_rollouts(fresh, self.step, args.rollout.n_samples_per_prompt)
+        comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size)
+        if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
+            set_advantages(fresh, comp.fresh.advantages)
+        ranks = data_parallel_ranks(args)
+        per_rank = [
+            rollouts_to_experiences(part, fresh[0], args.rollout.micro_batch_size, self.tokenizer.pad_token_id,
+                                    step=self.step, is_weights=w)
+            for part, w in _split_even(comp.replayed, comp.weights, ranks)
+        ]
+        self.replay_seconds = time.perf_counter() - t0
+        if self.replay.config.off_policy == "refresh" and len(comp.replayed):
+            self._refresh_old_log_probs([e for part in per_rank for e in part])
+        return arrange_for_ranks(fresh, per_rank)
+
+    def _refresh_old_log_probs(self, replayed: list[Experience]) -> None:
+        """pi_old of replayed rows := the current policy's log-probs (the actor's forward, as upstream
+        computes them for fresh rows); `rollout_log_probs` keeps the behaviour policy's, so upstream's
+        IS correction (`--algo.advantage.is_correction_*`) weighs and truncates pi_old / pi_behaviour."""
+        refs = self._dispatch_forward(
+            self.actor_model_group,
+            self.args.train.colocate_all or self.args.train.colocate_actor_ref,
+            sequences=[e.sequences for e in replayed],
+            action_mask=[e.action_mask for e in replayed],
+            attention_mask=[e.attention_mask for e in replayed],
+        )
+        duplicate = self.args.ds.ring_attn_size * self.args.ds.tensor_parallel_size
+        for exp, log_probs in zip(replayed, self._flatten_results(refs, duplicate)):
+            exp.action_log_probs = log_probs.to(exp.action_log_probs.dtype)
+
+
+def _split_even(batch: RolloutBatch, weights: np.ndarray, parts: int):
+    """`parts` contiguous slices of equal size (the caller made len(batch) a multiple of `parts`)."""
+    if len(batch) % parts:
+        raise ValueError(f"{len(batch)} replayed rollouts cannot be split evenly over {parts} ranks")
+    size = len(batch) // parts
+    for r in range(parts):
+        idx = np.arange(r * size, (r + 1) * size)
+        yield batch.select(idx), weights[idx]
+
+
+def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]]) -> list[Experience]:
+    """Rank r's contiguous chunk = its share of the fresh micro-batches + its replayed micro-batches.
+
+    Upstream cuts the list into `ranks` chunks of ceil(len / ranks): with the same number of items
+    per rank, the cuts fall exactly on these boundaries.
+    """
+    ranks = len(replayed_per_rank)
+    if len(fresh) % ranks:
+        raise ValueError(f"{len(fresh)} fresh micro-batches cannot be split evenly over {ranks} ranks")
+    share = len(fresh) // ranks
+    out = []
+    for r, replayed in enumerate(replayed_per_rank):
+        out.extend(fresh[r * share : (r + 1) * share])
+        out.extend(replayed)
+    return out

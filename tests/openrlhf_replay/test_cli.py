@@ -1,0 +1,91 @@
+"""The launcher: every upstream flag unchanged, replay flags added, bad combinations refused early."""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from openrlhf_replay.cli.train_ppo_ray import replay_arg_errors
+
+ACTION_ATTRS = ("option_strings", "dest", "default", "type", "nargs", "const", "choices", "required")
+
+
+def _actions(parser):
+    return {a.dest: a for a in parser._actions if not isinstance(a, argparse._HelpAction)}
+
+
+def test_every_upstream_flag_is_accepted_with_the_same_meaning(upstream_parser, replay_parser):
+    upstream, ours = _actions(upstream_parser), _actions(replay_parser)
+    assert len(upstream) > 150  # the real upstream parser, not an empty stand-in
+    for dest, action in upstream.items():
+        assert dest in ours, f"upstream flag {action.option_strings} missing"
+        for attr in ACTION_ATTRS:
+            assert getattr(ours[dest], attr) == getattr(action, attr), (dest, attr)
+    added = set(ours) - set(upstream)
+    assert added and all(d.startswith("replay.") for d in added)
+    assert {"replay.mode", "replay.ratio", "replay.max_age", "replay.warmup"} <= added
+
+
+def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser):
+    argv = ["--actor.model_name_or_path", "Qwen/Qwen3-1.7B-Base", "--algo.advantage.estimator", "group_norm",
+            "--rollout.n_samples_per_prompt", "8", "--actor.eps_clip_low_high", "0.2", "0.28",
+            "--actor.dual_clip", "10", "--train.colocate_all", "--vllm.num_engines", "2"]
+    theirs, ours = vars(upstream_parser.parse_args(argv)), vars(replay_parser.parse_args(argv))
+    assert {k: v for k, v in ours.items() if not k.startswith("replay.")} == theirs
+    assert ours["replay.mode"] == "none"
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--algo.advantage.estimator", "gae"], "needs a critic"),
+    (["--train.dynamic_batch_enable"], "dynamic_batch_enable"),
+    (["--train.async_enable"], "async_enable"),
+    (["--algo.kl.init_coef", "0.01"], "KL must be off"),
+    (["--replay.off_policy", "refresh"], "is_correction_level"),
+    (["--replay.ratio", "0.1"], "rounds to 0 whole training batches"),
+    (["--rollout.batch_size", "3"], "multiple of"),
+    (["--replay.mode", "success", "--algo.advantage.estimator", "rloo"], "recomputes group advantages"),
+])
+def test_combinations_replay_cannot_run_are_refused(make_args, extra, fragment):
+    args = make_args("--replay.mode", "advantage", *extra)
+    errors = replay_arg_errors(args)
+    assert any(fragment in e for e in errors), errors
+
+
+def test_a_valid_replay_configuration_passes(make_args):
+    assert replay_arg_errors(make_args("--replay.mode", "advantage")) == []
+    assert replay_arg_errors(make_args("--replay.mode", "freshness", "--replay.off_policy", "refresh",
+                                       "--algo.advantage.is_correction_level", "token")) == []
+    # replay off: nothing is checked, upstream's own rules apply
+    assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
+
+
+def _run_cli(*argv):
+    env = dict(os.environ, RAY_ADDRESS="")  # a refusal must come before any attempt to reach Ray
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray", *argv],
+                          capture_output=True, text=True, timeout=300, env=env)
+    return proc, time.time() - t0
+
+
+def test_cli_refuses_before_ray_starts():
+    proc, _ = _run_cli("--actor.model_name_or_path", "/nonexistent", "--replay.mode", "advantage",
+                       "--algo.advantage.estimator", "gae", "--actor.num_gpus_per_node", "1")
+    assert proc.returncode != 0
+    assert "cannot run replay with these arguments" in proc.stderr
+    assert "needs a critic" in proc.stderr
+    assert "ray.init" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
+
+
+def test_cli_help_lists_upstream_and_replay_flags():
+    proc, _ = _run_cli("--help")
+    assert proc.returncode == 0
+    for flag in ("--rollout.n_samples_per_prompt", "--algo.advantage.estimator", "--replay.mode",
+                 "--replay.max_age", "--replay.off_policy"):
+        assert flag in proc.stdout
+
+
+def test_cli_rejects_a_bad_replay_value_with_its_name():
+    proc, _ = _run_cli("--actor.model_name_or_path", "x", "--replay.mode", "advantage", "--replay.ratio", "-1")
+    assert proc.returncode != 0 and "ratio" in proc.stderr and "-1" in proc.stderr

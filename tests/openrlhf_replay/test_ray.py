@@ -1,0 +1,104 @@
+"""Real Ray: upstream's chunking hands every rank the same fresh/replay split, and the replay
+controller and policy actor classes start as Ray actors."""
+import json
+import sys
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+from openrlhf.trainer.ray.launcher import RayActorGroup  # noqa: E402
+
+from openrlhf_replay.trainer.ppo_utils.experience import (  # noqa: E402
+    REPLAYED_KEY,
+    experiences_to_rollouts,
+    mark_fresh,
+    rollouts_to_experiences,
+)
+from openrlhf_replay.trainer.ppo_utils.experience_maker import arrange_for_ranks  # noqa: E402
+from replay import ReplayBuffer, ReplayConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    # Logical resources: upstream's actors ask Ray for GPUs (nothing here touches CUDA), and each
+    # multi-rank group keeps a placement group of {GPU: 1, CPU: 1} bundles for the whole module.
+    ray.init(num_cpus=16, num_gpus=16, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray.shutdown()
+
+
+class ChunkRecorder:
+    """Stands in for a training actor (which cannot load a model here): takes upstream's actor
+    constructor arguments and reports what `execute_batch` received. Plain, so that its worker
+    process imports nothing heavy."""
+
+    def __init__(self, world_size, rank, master_addr, master_port):
+        self.rank = rank
+
+    def get_master_addr_port(self):
+        return "127.0.0.1", 0
+
+    def execute_batch(self, method_name, all_data, start_idx, end_idx):
+        return [(bool(e.info[REPLAYED_KEY].any()), len(e.sequences)) for e in all_data["experience"][start_idx:end_idx]]
+
+
+@pytest.mark.parametrize("ranks, ratio", [(1, 0.5), (2, 1.0), (4, 0.25), (4, 0.5)])
+def test_every_rank_gets_the_same_micro_batches_and_mix(local_ray, make_args, ranks, ratio, fresh_batch):
+    args = make_args("--actor.num_gpus_per_node", ranks, "--rollout.batch_size", 16, "--rollout.micro_batch_size", 2,
+                     "--train.batch_size", 16, "--replay.mode", "advantage", "--replay.ratio", ratio,
+                     "--replay.warmup", 0)
+    buf = ReplayBuffer(ReplayConfig.from_namespace(args))
+    buf.step(experiences_to_rollouts(fresh_batch(args, seed=0), 0, 4), 0)
+    fresh = fresh_batch(args, seed=1)
+    mark_fresh(fresh)
+    comp = buf.step(experiences_to_rollouts(fresh, 1, 4), 1, multiple_of=args.train.batch_size)
+    k = len(comp.replayed)
+    assert k == round(ratio * 64 / 16) * 16
+    share = k // ranks
+    per_rank = [rollouts_to_experiences(comp.replayed.select(list(range(r * share, (r + 1) * share))), fresh[0], 2, 0,
+                                        step=1) for r in range(ranks)]
+    arranged = arrange_for_ranks(fresh, per_rank)
+
+    group = RayActorGroup(1, ranks, ray.remote(ChunkRecorder), num_gpus_per_actor=1)
+    received = ray.get(group.async_run_method_batch(method_name="append", experience=arranged))
+    assert len(received) == ranks
+    micro_batches = {len(r) for r in received}
+    assert len(micro_batches) == 1  # every rank: the same number of micro-batches
+    replayed_rows = [sum(n for is_replay, n in r if is_replay) for r in received]
+    fresh_rows = [sum(n for is_replay, n in r if not is_replay) for r in received]
+    assert replayed_rows == [k // ranks] * ranks and fresh_rows == [64 // ranks] * ranks
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from evaluation.models import build_tiny_qwen3
+
+    return str(build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3"))
+
+
+def test_replay_controller_and_actor_start_as_ray_actors(local_ray, make_args, tiny_model, tmp_path):
+    from openrlhf.utils import get_strategy
+
+    from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
+    from openrlhf_replay.trainer.ray.ppo_actor import ReplayPolicyModelActor
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"input": f"What is {i} + {i}?", "label": str(2 * i)}) + "\n"
+                            for i in range(32)))
+    args = make_args("--actor.model_name_or_path", tiny_model, "--data.prompt_dataset", data, "--data.label_key",
+                     "label", "--replay.mode", "advantage", "--replay.warmup", "1", "--train.max_epochs", "1",
+                     "--ckpt.path", tmp_path / "ckpt")
+    strategy = get_strategy(args)
+    trainer = ReplayPPOTrainer.remote(tiny_model, strategy, None, None, None, None, None, max_new_tokens=8)
+    # 32 prompts / 8 per step = 4 steps of 32 fresh rollouts = 4 batches of 8 each; replay adds
+    # 2 batches of 8 (ratio 0.5) in each of the 3 steps after warm-up.
+    assert ray.get(trainer.get_max_steps.remote()) == 4 * 4 + 3 * 2
+    info = ray.get(trainer.__ray_call__.remote(lambda self: (type(self.experience_maker).__name__,
+                                                             self.replay.config.mode)))
+    assert info == ("ReplayExperienceMaker", "advantage")
+
+    group = RayActorGroup(1, 1, ReplayPolicyModelActor, num_gpus_per_actor=1)
+    names = ray.get(group._actor_handlers[0].__ray_call__.remote(lambda self: [c.__name__ for c in type(self).__mro__]))
+    assert "_ReplayPolicyModelActor" in names and "PolicyModelActor" in names
