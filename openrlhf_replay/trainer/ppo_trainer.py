@@ -88,45 +88,51 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
         if self.replay_config.enabled and global_step % self.args.ckpt.save_steps == 0:
             # Written before the model checkpoint that names it: a crash in between leaves the
             # previous checkpoint (and the replay file it names) as the one to resume from.
-            path = os.path.join(replay_state_dir(self.args), f"global_step{global_step}.npz")
-            self.replay.save(path)
-            client_states[REPLAY_STATE_KEY] = os.path.basename(path)
-            self._prune_replay_states(keep=os.path.basename(path))
+            client_states[REPLAY_STATE_KEY] = save_replay_state(self.replay, self.args, global_step)
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
-
-    def _prune_replay_states(self, keep: str) -> None:
-        """Keep as many replay files as upstream keeps model checkpoints (`--ckpt.max_num`)."""
-        folder = replay_state_dir(self.args)
-        files = sorted((f for f in os.listdir(folder) if f.startswith("global_step") and f.endswith(".npz")),
-                       key=lambda f: int(f[len("global_step"):-len(".npz")]))
-        for name in files[: max(len(files) - self.args.ckpt.max_num, 0)]:
-            if name != keep:
-                os.remove(os.path.join(folder, name))
 
     def init_checkpoint_states(self):
         states = super().init_checkpoint_states()
         if self.replay_config.enabled and states.get("global_step", 0) > 0:
-            self._restore_replay(states)
+            self.replay = restore_replay_state(states, self.args, self.replay_config)
+            self.experience_maker.replay = self.replay
         return states
 
-    def _restore_replay(self, states) -> None:
-        name = states.get(REPLAY_STATE_KEY)
-        path = os.path.join(replay_state_dir(self.args), name) if name else None
-        try:
-            if path is None:
-                raise ReplayCheckpointError(
-                    f"the checkpoint at global step {states['global_step']} names no replay state "
-                    f"(was it saved with replay off?)")
-            self.replay = ReplayBuffer.load(path, self.replay_config)
-        except (ReplayCheckpointError, OSError) as e:
-            if not self.replay_config.allow_empty_resume:
-                raise ReplayCheckpointError(
-                    f"cannot resume the replay buffer: {e}. To resume with an empty buffer instead, "
-                    f"pass --replay.allow_empty_resume") from e
-            logger.warning(f"replay: resuming with an empty buffer ({e})")
-            self.replay = ReplayBuffer(self.replay_config)
-        self.experience_maker.replay = self.replay
-        logger.info(f"replay: restored {len(self.replay)} rollouts from {path}")
+
+def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:
+    """Save the buffer as `<ckpt.path>/_replay/global_step<N>.npz` (atomically) and keep as many
+    replay files as upstream keeps model checkpoints (`--ckpt.max_num`). Returns the file name."""
+    folder = replay_state_dir(args)
+    name = f"global_step{global_step}.npz"
+    replay.save(os.path.join(folder, name))
+    files = sorted((f for f in os.listdir(folder) if f.startswith("global_step") and f.endswith(".npz")),
+                   key=lambda f: int(f[len("global_step"):-len(".npz")]))
+    for old in files[: max(len(files) - args.ckpt.max_num, 0)]:
+        if old != name:
+            os.remove(os.path.join(folder, old))
+    return name
+
+
+def restore_replay_state(states: dict, args, config: ReplayConfig) -> ReplayBuffer:
+    """The buffer saved with the checkpoint whose client states are `states`.
+
+    A missing, corrupt or incompatible file is an error naming it, unless the user asked for an
+    empty buffer (`--replay.allow_empty_resume`).
+    """
+    name = states.get(REPLAY_STATE_KEY)
+    try:
+        if name is None:
+            raise ReplayCheckpointError(f"the checkpoint at global step {states.get('global_step')} names no replay "
+                                        f"state in {replay_state_dir(args)} (was it saved with replay off?)")
+        replay = ReplayBuffer.load(os.path.join(replay_state_dir(args), name), config)
+    except ReplayCheckpointError as e:
+        if not config.allow_empty_resume:
+            raise ReplayCheckpointError(f"cannot resume the replay buffer: {e}. To resume with an empty buffer "
+                                        "instead, pass --replay.allow_empty_resume") from e
+        logger.warning(f"replay: resuming with an empty buffer ({e})")
+        return ReplayBuffer(config)
+    logger.info(f"replay: restored {len(replay)} rollouts from {name}")
+    return replay
 
 
 def _split_loss_stats(status: dict) -> dict:
