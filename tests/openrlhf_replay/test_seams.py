@@ -1,0 +1,61 @@
+"""The upstream seams this integration relies on (OpenRLHF 0.11.2): if an upgrade moves one, this
+fails here, with the seam's name, instead of deep inside a Ray worker."""
+import importlib.metadata
+import inspect
+
+import pytest
+from openrlhf.models import PolicyLoss
+from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.trainer.ray.launcher import RayActorGroup
+from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+
+from openrlhf_replay import OPENRLHF_VERSION
+from openrlhf_replay.utils import undecorated
+
+SEAMS = [
+    (BasePPOTrainer.train_step, ["self", "rollout_samples", "global_step"]),
+    (BasePPOTrainer._compute_rollout_stats, ["self", "experiences"]),
+    (BasePPOTrainer.save_logs_and_checkpoints, ["self", "global_step", "logs_dict", "client_states"]),
+    (BasePPOTrainer.init_checkpoint_states, ["self"]),
+    (undecorated(PPOTrainer).get_max_steps, ["self"]),
+    (undecorated(PPOTrainer).__init__, ["self", "pretrain", "strategy", "actor_model_group", "critic_model_group",
+                                        "reward_model_group", "reference_model_group", "vllm_engines", "generate_kwargs"]),
+    (RemoteExperienceMaker.__init__, ["self", "actor_model_group", "critic_model_group", "reward_model_group",
+                                      "initial_model_group", "kl_controller", "strategy", "tokenizer", "kwargs"]),
+    (RemoteExperienceMaker.make_experience_batch, ["self", "rollout_samples"]),
+    (RemoteExperienceMaker._dispatch_forward, ["self", "group", "sync_condition", "kwargs"]),
+    (RemoteExperienceMaker._flatten_results, ["self", "refs", "duplicate_factor"]),
+    (ActorPPOTrainer.training_step, ["self", "experience", "kl_ctl", "step", "loss_batch_info"]),
+    (undecorated(PolicyModelActor).init_model_from_pretrained, ["self", "strategy", "pretrain", "max_steps",
+                                                                "vllm_engines"]),
+    (PolicyLoss.forward, ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
+                          "dp_size", "batch_num_tokens", "global_batch_size"]),
+    (RayActorGroup.async_run_method_batch, ["self", "method_name", "kwargs"]),
+]
+
+
+def test_pinned_openrlhf_is_installed():
+    assert importlib.metadata.version("openrlhf") == OPENRLHF_VERSION
+
+
+@pytest.mark.parametrize("func, params", SEAMS, ids=lambda x: getattr(x, "__qualname__", ""))
+def test_seam_signature(func, params):
+    # Ray's actor decorator adds a `_ray_trace_ctx` parameter to the methods it wraps
+    assert [p for p in inspect.signature(func).parameters if p != "_ray_trace_ctx"] == params
+
+
+def test_sources_still_have_the_assumptions_the_seams_make():
+    import openrlhf.cli.train_ppo_ray as cli
+
+    src = inspect.getsource(cli)
+    # parser inline under __main__, nested by hierarchize, trainer imported inside train()
+    assert "args = parser.parse_args()" in src and "args = hierarchize(args)" in src
+    assert "from openrlhf.trainer.ppo_trainer import PPOTrainer" in inspect.getsource(cli.train)
+    assert "PolicyModelActor," in inspect.getsource(cli.train)
+    # the experience maker is built in BasePPOTrainer.__init__ and used by train_step
+    assert "self.experience_maker = RemoteExperienceMaker(" in inspect.getsource(BasePPOTrainer.__init__)
+    assert "self.experience_maker.make_experience_batch(rollout_samples)" in inspect.getsource(BasePPOTrainer.train_step)
+    # the actor's trainer and its loss are plain attributes set once
+    assert "self.trainer = ActorPPOTrainer(" in inspect.getsource(undecorated(PolicyModelActor).init_model_from_pretrained)
+    assert "self.actor_loss_fn = PolicyLoss(" in inspect.getsource(ActorPPOTrainer.__init__)
