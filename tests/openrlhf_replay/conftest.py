@@ -49,9 +49,10 @@ def make_args(replay_parser):
     return make
 
 
-def make_samples(n_prompts: int, n: int, seed: int = 0, vocab: int = 50):
+def make_samples(n_prompts: int, n: int, seed: int = 0, vocab: int = 50, rollout_log_probs: bool = False):
     """Per-rollout Experiences as upstream's samples generator builds them from vLLM responses
-    (its own `_process_response_into_experience`), with 0/1 rewards that vary inside each group."""
+    (its own `_process_response_into_experience`), with 0/1 rewards that vary inside each group.
+    `rollout_log_probs`: attach vLLM's log-probs, as upstream does with IS correction on."""
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
     g = torch.Generator().manual_seed(seed)
@@ -64,7 +65,8 @@ def make_samples(n_prompts: int, n: int, seed: int = 0, vocab: int = 50):
             samples.append(SamplesGenerator._process_response_into_experience(
                 None,
                 {"observation_tokens": prompt + response, "action_ranges": [(len(prompt), len(prompt) + len(response))],
-                 "reward": reward, "scores": reward, "rollout_log_probs": None, "prompt": f"p{p}",
+                 "reward": reward, "scores": reward, "prompt": f"p{p}",
+                 "rollout_log_probs": [-0.1] * (len(prompt) + len(response)) if rollout_log_probs else None,
                  "label": "1", "truncated": False, "extra_logs": {}},
                 max_len=64,
             ))

@@ -134,3 +134,28 @@ def test_replay_count_is_whole_training_batches(make_args, experience_maker_cls,
     maker.step = 1
     out = maker.make_experience_batch(rollout_samples(8, 4, seed=7))
     assert int(torch.cat([e.info[REPLAYED_KEY] for e in out]).sum()) == expected
+
+
+def test_success_mode_regroups_and_recomputes_fresh_advantages(make_args, experience_maker_cls, rollout_samples):
+    args = make_args("--replay.mode", "success", "--replay.warmup", "1", "--replay.per_prompt", "2")
+    maker = experience_maker_cls(ReplayExperienceMaker, args, replay_buffer=ReplayBuffer(ReplayConfig.from_namespace(args)))
+    maker.step = 0
+    maker.make_experience_batch(rollout_samples(8, 4, seed=8))
+    stored_successes = len(maker.replay.store)
+    assert stored_successes > 0 and (maker.replay.store.view().rewards > 0.5).all()
+    maker.step = 1  # the same prompts come back (a second epoch)
+    out = maker.make_experience_batch(rollout_samples(8, 4, seed=8))
+    replayed = [e for e in out if bool(e.info[REPLAYED_KEY].any())]
+    fresh = [e for e in out if not bool(e.info[REPLAYED_KEY].any())]
+    n_replayed = sum(len(e.sequences) for e in replayed)
+    assert n_replayed > 0 and n_replayed % args.train.batch_size == 0
+    # the same samples were generated at both steps, so every replayed success has a fresh twin
+    fresh_rows = {tuple(r[: int(m.sum())].tolist()) for e in fresh for r, m in zip(e.sequences, e.attention_mask)}
+    for e in replayed:
+        for r, m in zip(e.sequences, e.attention_mask):
+            assert tuple(r[: int(m.sum())].tolist()) in fresh_rows
+            assert float(e.rewards[0]) > 0.5
+    # some fresh group got successes added, so its advantages were recomputed (they differ from upstream's)
+    plain = experience_maker_cls(RemoteExperienceMaker, args).make_experience_batch(rollout_samples(8, 4, seed=8))
+    changed = [not torch.equal(a.advantages, b.advantages) for a, b in zip(fresh, plain)]
+    assert any(changed)

@@ -102,3 +102,31 @@ def test_replay_controller_and_actor_start_as_ray_actors(local_ray, make_args, t
     group = RayActorGroup(1, 1, ReplayPolicyModelActor, num_gpus_per_actor=1)
     names = ray.get(group._actor_handlers[0].__ray_call__.remote(lambda self: [c.__name__ for c in type(self).__mro__]))
     assert "_ReplayPolicyModelActor" in names and "PolicyModelActor" in names
+
+
+class ForwardRecorder(ChunkRecorder):
+    """Stands in for the policy actor's forward: log-probs of -0.25 on every action token."""
+
+    def execute_batch(self, method_name, all_data, start_idx, end_idx):
+        assert method_name == "forward"
+        return [-0.25 * mask.float() for mask in all_data["action_mask"][start_idx:end_idx]]
+
+
+def test_refresh_recomputes_old_log_probs_through_the_actor_group(local_ray, make_args, experience_maker_cls,
+                                                                 rollout_samples):
+    from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
+
+    args = make_args("--replay.mode", "uniform", "--replay.warmup", 1, "--replay.off_policy", "refresh",
+                     "--algo.advantage.is_correction_level", "token")
+    maker = experience_maker_cls(ReplayExperienceMaker, args, replay_buffer=ReplayBuffer(ReplayConfig.from_namespace(args)))
+    maker.actor_model_group = RayActorGroup(1, 1, ray.remote(ForwardRecorder), num_gpus_per_actor=1)
+    maker.step = 0
+    maker.make_experience_batch(rollout_samples(8, 4, seed=1, rollout_log_probs=True))
+    maker.step = 1
+    out = maker.make_experience_batch(rollout_samples(8, 4, seed=2, rollout_log_probs=True))
+    replayed = [e for e in out if bool(e.info[REPLAYED_KEY].any())]
+    assert sum(len(e.sequences) for e in replayed) == 16
+    for e in replayed:
+        mask = e.action_mask.bool()
+        assert torch.equal(e.action_log_probs[mask], torch.full((int(mask.sum()),), -0.25))  # pi_old: current policy
+        assert (e.rollout_log_probs[mask] != -0.25).all()  # pi_behaviour: what the store kept
