@@ -10,13 +10,19 @@ runs that very module with three seams:
    checked against the rest, so a configuration replay cannot run fails before Ray starts;
 3. with replay on, the controller and policy actor classes it looks up resolve to the replay
    subclasses. With `--replay.mode none` (the default) nothing is swapped: the run is upstream's.
+
+On a machine without CUDA (or with `OPENRLHF_REPLAY_DEVICE=cpu`) the CPU platform
+(`openrlhf_replay.cpu`) is switched on first, and the arguments are also checked against it.
+A failure inside a Ray worker ends the run with a one-line summary after Ray's traceback.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import runpy
 import sys
+import traceback
 
 from replay import ReplayConfig
 
@@ -134,9 +140,17 @@ def _install_replay_classes(stack: contextlib.ExitStack) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from openrlhf_replay.cpu import CpuPlatformError
+    from openrlhf_replay.cpu import launcher as cpu_launcher
     from openrlhf_replay.utils import check_openrlhf_version
 
     check_openrlhf_version()
+    try:  # before any upstream import: the platform adapts modules as they are imported
+        cpu_on = cpu_launcher.activate()
+    except CpuPlatformError as e:
+        sys.exit(f"train_ppo_ray: {e}")
+    if cpu_on:
+        print(cpu_launcher.describe(), flush=True)
     argv = sys.argv[1:] if argv is None else list(argv)
     # The class swap must precede the upstream module's own imports, so the mode is read first.
     early, _ = ReplayConfig.add_cli_args(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
@@ -157,6 +171,10 @@ def main(argv: list[str] | None = None) -> None:
 
     def checked_hierarchize(flat):
         nested = original_hierarchize(flat)
+        cpu_errors = cpu_launcher.arg_errors(nested) if cpu_on else []
+        if cpu_errors:
+            sys.exit("train_ppo_ray: cannot run on the CPU platform with these arguments:\n  - "
+                     + "\n  - ".join(cpu_errors))
         try:
             errors = replay_arg_errors(nested)
         except ValueError as e:  # a replay flag with a bad value
@@ -172,7 +190,43 @@ def main(argv: list[str] | None = None) -> None:
             _install_replay_classes(stack)
         stack.enter_context(_patched(argparse.ArgumentParser, "parse_args", parse_with_replay))
         stack.enter_context(_patched(upstream_config, "hierarchize", checked_hierarchize))
-        runpy.run_module(UPSTREAM_CLI, run_name="__main__")
+        try:
+            runpy.run_module(UPSTREAM_CLI, run_name="__main__")
+        except CpuPlatformError as e:
+            sys.exit(f"train_ppo_ray: {e}")
+        except Exception as e:
+            summary = _ray_failure_summary(e)
+            if summary is None:
+                raise
+            traceback.print_exc()
+            sys.exit(summary)
+        finally:
+            _shutdown_ray()
+
+
+def _ray_failure_summary(error: BaseException) -> str | None:
+    """One paragraph naming the worker step that failed and its cause; None if not a Ray failure."""
+    import ray
+
+    if not isinstance(error, ray.exceptions.RayError):
+        return None
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    cause = next((line for line in reversed(lines) if not line.startswith(("File ", "^", "~"))), type(error).__name__)
+    where = getattr(error, "function_name", None) or type(error).__name__
+    logs = "/tmp/ray/session_latest/logs"
+    with contextlib.suppress(Exception):
+        logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")  # Ray-internal
+    return (f"train_ppo_ray: a step failed inside a Ray worker ({where}): {cause}\n"
+            f"  The full traceback is above; each worker's log is under {logs}.")
+
+
+def _shutdown_ray() -> None:
+    """Stop the Ray instance this process started (its workers, vLLM engines among them)."""
+    with contextlib.suppress(Exception):
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -56,9 +56,9 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
         self.experience_maker.step = global_step
         status, next_step = super().train_step(rollout_samples, global_step)
         if self.replay_config.enabled:
+            status.update(_split_loss_stats(status))
             status.update(self.replay.metrics())
             status["replay/overhead_s"] = self.experience_maker.replay_seconds
-            status.update(_split_loss_stats(status))
         return status, next_step
 
     def _compute_rollout_stats(self, experiences):

@@ -17,9 +17,9 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 
 from replay import RolloutBatch
 
-REPLAYED_KEY = "replay/replayed"  # info key: 1.0 on replayed rows, 0.0 on fresh ones
-IS_WEIGHT_KEY = "replay/is_weight"  # info key: importance weight folded into a replayed advantage
-AGE_KEY = "replay/age"  # info key: steps since the row was generated (0 for fresh rows)
+REPLAYED_KEY = "replay/is_replayed"  # info key: 1.0 on replayed rows, 0.0 on fresh ones
+IS_WEIGHT_KEY = "replay/row_is_weight"  # info key: importance weight folded into a replayed advantage
+AGE_KEY = "replay/row_age"  # info key: steps since the row was generated (0 for fresh rows)
 
 
 def prompt_uid(prompt_ids: np.ndarray) -> int:
