@@ -249,8 +249,12 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         "non_finite_advantage": ~np.isfinite(batch.advantages),
         "non_finite_logprob": np.zeros(len(batch), np.bool_),
     }
-    bad_tok = ~np.isfinite(batch.behaviour_logprobs) & batch.action_mask
-    if bad_tok.any():
+    # A finite sum means every log-prob is finite (inf and NaN propagate through a sum); it is one
+    # read of the log-probs, no token-sized temporaries. A sum that overflows takes the exact path.
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = batch.behaviour_logprobs.sum()
+    if not np.isfinite(total):
+        bad_tok = ~np.isfinite(batch.behaviour_logprobs) & batch.action_mask
         rows = np.searchsorted(batch.response_offsets, np.flatnonzero(bad_tok), side="right") - 1
         bad["non_finite_logprob"][rows] = True
     refused = np.zeros(len(batch), np.bool_)

@@ -116,6 +116,19 @@ def test_refusals_count_each_rollout_once_in_reason_order():
     assert kept.rewards.tolist() == bad.rewards[[3, 5, 6, 7]].tolist()
 
 
+def test_refusals_take_the_exact_path_when_the_logprob_sum_is_not_finite():
+    b = random_batch(np.random.default_rng(5), 2, 2, response_len=(2, 4))
+    # Finite values whose float32 sum overflows: nothing is refused.
+    huge = np.full(len(b.response_ids), 3e38, np.float32)
+    assert refusals(b.replace(behaviour_logprobs=huge))[0].all()
+    # NaN only under False masks: the sum is NaN, but nothing is refused.
+    logp, mask = b.behaviour_logprobs.copy(), b.action_mask.copy()
+    logp[b.response_offsets[1]], mask[b.response_offsets[1]] = np.nan, False
+    assert refusals(b.replace(behaviour_logprobs=logp, action_mask=mask))[0].all()
+    mask[b.response_offsets[1]] = True
+    assert refusals(b.replace(behaviour_logprobs=logp, action_mask=mask))[0].tolist() == [True, False, True, True]
+
+
 def test_validate_rollouts_drops_and_counts():
     kept, counts = validate_rollouts(
         prompts=[[1], [2], [3], [4]], responses=[[5, 6], [7], [], [8]],
