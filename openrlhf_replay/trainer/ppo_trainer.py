@@ -9,19 +9,19 @@ by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics)
 """
 from __future__ import annotations
 
-import logging
 import os
 
 import ray
 import torch
 from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
-from openrlhf_replay.utils import undecorated
+from openrlhf_replay.utils import state_digest, undecorated
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)  # upstream's handler: a bare logger prints nothing inside a Ray actor
 
 REPLAY_STATE_KEY = "replay_state"  # client_states key: the replay file saved with a checkpoint
 
@@ -105,6 +105,7 @@ def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:
     folder = replay_state_dir(args)
     name = f"global_step{global_step}.npz"
     replay.save(os.path.join(folder, name))
+    logger.info(f"replay: saved {len(replay)} rollouts to {name} (state {state_digest(replay.state_dict())})")
     files = sorted((f for f in os.listdir(folder) if f.startswith("global_step") and f.endswith(".npz")),
                    key=lambda f: int(f[len("global_step"):-len(".npz")]))
     for old in files[: max(len(files) - args.ckpt.max_num, 0)]:
@@ -131,7 +132,7 @@ def restore_replay_state(states: dict, args, config: ReplayConfig) -> ReplayBuff
                                         "instead, pass --replay.allow_empty_resume") from e
         logger.warning(f"replay: resuming with an empty buffer ({e})")
         return ReplayBuffer(config)
-    logger.info(f"replay: restored {len(replay)} rollouts from {name}")
+    logger.info(f"replay: restored {len(replay)} rollouts from {name} (state {state_digest(replay.state_dict())})")
     return replay
 
 

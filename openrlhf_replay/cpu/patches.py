@@ -1,0 +1,267 @@
+"""The run-time adaptations of upstream code that let OpenRLHF 0.11.2 run on a CPU.
+
+Each `patch_<module>` is called once, right after `<module>` is imported, in every process of a
+CPU run (see `_hook.py`). Upstream functions are wrapped or replaced, never copied. Every item
+was needed for a GRPO step (vLLM generation -> reward -> experience -> DeepSpeed training ->
+weight broadcast to vLLM) to run here:
+
+- `torch.cuda.set_device`, `synchronize`, `current_stream`: no-ops; `current_device`: the CPU.
+  Upstream calls them unguarded (DeepSpeed strategy set-up, barriers, the actor's broadcasts).
+- `deepspeed.comm.torch.build_shm_op`: skipped. It compiles a shared-memory all-reduce op
+  (~26 s on first use) that gloo does without.
+- `ray.init`: a new local cluster (never someone else's) that advertises logical GPUs, since
+  every upstream actor asks for GPUs, and passes this platform's environment to its workers.
+- `openrlhf.utils.distributed_util.stateless_init_process_group`: a gloo group (vLLM's
+  `stateless_init_torch_distributed_process_group`, which leaves both sides' default groups
+  alone) instead of a PyNccl communicator, with a timeout on every broadcast.
+- `openrlhf.utils.deepspeed.deepspeed.get_train_ds_config`: torch's AdamW (DeepSpeed would
+  compile its fused / CPU Adam op); `init_device_mesh("cuda")` -> CPU.
+- `NaiveReplayBuffer.__init__`: its target device is the CPU (upstream builds `cuda:<n>`).
+- `WorkerWrap.update_weight`: the receive buffer is on the CPU (upstream allocates on `cuda`).
+- `openrlhf.trainer.ray.create_vllm_engines`: waits until each engine has started, so an engine
+  that fails to start stops the run with its cause instead of leaving the driver waiting.
+- `vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm`: 2-D weights use the live
+  weight (`F.linear`). vLLM's CPU backend otherwise packs a private copy after loading and
+  empties the layer's weight, so `load_weights` after a sync fails, and the embedding / lm_head
+  copy would silently stay stale.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+from datetime import timedelta
+
+from openrlhf_replay.cpu import DEVICE_ENV, CpuPlatformError
+
+LOGICAL_GPUS_ENV = "OPENRLHF_REPLAY_CPU_LOGICAL_GPUS"
+LOGICAL_CPUS_ENV = "OPENRLHF_REPLAY_CPU_LOGICAL_CPUS"
+ENGINE_START_TIMEOUT_ENV = "OPENRLHF_REPLAY_ENGINE_START_TIMEOUT_S"
+SYNC_TIMEOUT_ENV = "OPENRLHF_REPLAY_SYNC_TIMEOUT_S"
+# Diagnostic control: vLLM receives every broadcast weight but keeps its old ones, so a test can
+# show what generation looks like without weight sync (OpenRLHF's vllm_kl grows).
+SKIP_WEIGHT_LOAD_ENV = "OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD"
+
+
+def _wraps_once(original, replacement):
+    """`replacement` with `original` kept as `__wrapped__` (tests check that patches are in place)."""
+    functools.update_wrapper(replacement, original)
+    replacement.__openrlhf_replay_cpu__ = True
+    return replacement
+
+
+def _noop_for(original):
+    """A fresh no-op standing in for `original` (one object per name: torch._dynamo maps
+    torch functions by identity and refuses one object under two names)."""
+    def noop(*args, **kwargs):
+        return None
+
+    return _wraps_once(original, noop)
+
+
+# ------------------------------------------------------------------------------------ torch
+
+def patch_torch(torch) -> None:
+    cpu = torch.device("cpu")
+    cuda = torch.cuda
+    cuda.set_device = _noop_for(cuda.set_device)
+    cuda.synchronize = _noop_for(cuda.synchronize)
+    cuda.current_stream = _noop_for(cuda.current_stream)  # upstream only passes it on as `stream=`
+
+    def current_device():
+        return cpu
+
+    cuda.current_device = _wraps_once(cuda.current_device, current_device)
+
+
+def patch_deepspeed_comm(comm_torch) -> None:
+    comm_torch.build_shm_op = _noop_for(comm_torch.build_shm_op)
+
+
+# ------------------------------------------------------------------------------------ ray
+
+def platform_env() -> dict[str, str]:
+    """The environment every process of a CPU run needs (what the driver has, with defaults)."""
+    from openrlhf_replay.cpu import ENV_DEFAULTS
+
+    env = {DEVICE_ENV: "cpu"}
+    for key, default in ENV_DEFAULTS.items():
+        env[key] = os.environ.get(key, default)
+    # The project's own settings (reward workers, timeouts, debug switches) reach the workers too.
+    env.update({k: v for k, v in os.environ.items() if k.startswith("OPENRLHF_REPLAY_")})
+    return env
+
+
+def patch_ray(ray) -> None:
+    original = ray.init
+
+    def init(*args, **kwargs):
+        starts_local = (not args and kwargs.get("address") in (None, "local")
+                        and not os.environ.get("RAY_ADDRESS") and not ray.is_initialized())
+        if starts_local:
+            # address=None would join a cluster started earlier with `ray start` on this machine.
+            kwargs["address"] = "local"
+            kwargs.setdefault("num_gpus", int(os.environ.get(LOGICAL_GPUS_ENV, "8")))
+            kwargs.setdefault("num_cpus", int(os.environ.get(LOGICAL_CPUS_ENV, "8")))
+            kwargs.setdefault("include_dashboard", False)
+        runtime_env = dict(kwargs.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**platform_env(), **dict(runtime_env.get("env_vars") or {})}
+        kwargs["runtime_env"] = runtime_env
+        os.environ.update({k: v for k, v in platform_env().items() if k not in os.environ})
+        context = original(*args, **kwargs)
+        gpus = ray.cluster_resources().get("GPU", 0)
+        if gpus < 1:
+            raise CpuPlatformError(
+                f"the Ray cluster at {os.environ.get('RAY_ADDRESS') or kwargs.get('address')} advertises no GPU "
+                "resources, and every OpenRLHF actor asks for one: start it with logical GPUs, e.g. "
+                "`ray start --head --num-gpus 8 --num-cpus 8`, or unset RAY_ADDRESS to start a local one")
+        return context
+
+    ray.init = _wraps_once(original, init)
+
+
+# ------------------------------------------------------------------------------------ openrlhf
+
+class GlooBroadcastGroup:
+    """The weight-sync group between DeepSpeed rank 0 and the vLLM workers, over gloo.
+
+    Offers the one method upstream calls on its PyNccl communicator: `broadcast(tensor, src,
+    stream)`; `stream` is ignored. Each broadcast fails after `timeout_s` instead of waiting
+    forever for a peer that died.
+    """
+
+    def __init__(self, master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float):
+        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+        self.rank, self.world_size = rank, world_size
+        self.timeout = timedelta(seconds=timeout_s)
+        self.group = stateless_init_torch_distributed_process_group(
+            master_address, master_port, rank, world_size, backend="gloo")
+
+    def broadcast(self, tensor, src: int = 0, stream=None) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor, opts.timeout = src, 0, self.timeout
+        work = self.group.broadcast([tensor], opts)
+        if not work.wait(self.timeout):
+            raise TimeoutError(f"weight broadcast to vLLM (rank {self.rank} of {self.world_size}) did not finish "
+                               f"within {self.timeout.total_seconds():.0f} s; is the vLLM engine alive?")
+
+
+def patch_distributed_util(module) -> None:
+    def stateless_init_process_group(master_address, master_port, rank, world_size, device=None):
+        return GlooBroadcastGroup(master_address, master_port, rank, world_size,
+                                  float(os.environ.get(SYNC_TIMEOUT_ENV, "300")))
+
+    module.stateless_init_process_group = _wraps_once(module.stateless_init_process_group,
+                                                      stateless_init_process_group)
+
+
+def patch_deepspeed_strategy(module) -> None:
+    original_config = module.get_train_ds_config
+
+    def get_train_ds_config(*args, **kwargs):
+        config = original_config(*args, **kwargs)
+        optimizer = config.get("optimizer")
+        if optimizer and optimizer.get("type") in ("Adam", "AdamW"):
+            optimizer["params"] = {**optimizer.get("params", {}), "torch_adam": True}
+        return config
+
+    original_mesh = module.init_device_mesh
+
+    def init_device_mesh(device_type, *args, **kwargs):
+        return original_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    module.get_train_ds_config = _wraps_once(original_config, get_train_ds_config)
+    module.init_device_mesh = _wraps_once(original_mesh, init_device_mesh)
+
+
+def patch_replay_buffer(module) -> None:
+    import torch
+
+    cls = module.NaiveReplayBuffer
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        # Upstream formats f"cuda:{torch.cuda.current_device()}"; give it an index to format,
+        # then point the buffer at the CPU.
+        current_device = torch.cuda.current_device
+        torch.cuda.current_device = lambda: 0
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            torch.cuda.current_device = current_device
+        self.target_device = torch.device("cpu")
+
+    cls.__init__ = _wraps_once(original, __init__)
+
+
+def patch_vllm_worker_wrap(module) -> None:
+    cls = module.WorkerWrap
+    original = cls.update_weight
+
+    def update_weight(self, name, dtype, shape, empty_cache=False):
+        """Upstream's receive step with the buffer on the CPU; the rest of the path is its own."""
+        import torch
+
+        if self.model_config.dtype != dtype:
+            raise TypeError(f"update_weight {name}: trainer sends {dtype}, vLLM holds {self.model_config.dtype}")
+        if self._model_update_with_ray:
+            raise CpuPlatformError("--vllm.sync_with_ray is not supported on CPU")
+        weight = torch.empty(shape, dtype=dtype, device="cpu")
+        self._model_update_group.broadcast(weight, src=0)
+        if os.environ.get(SKIP_WEIGHT_LOAD_ENV) != "1":
+            self.model_runner.model.load_weights(weights=[(name, weight)])
+
+    cls.update_weight = _wraps_once(original, update_weight)
+
+
+def patch_trainer_ray(package) -> None:
+    original = package.create_vllm_engines
+
+    def create_vllm_engines(*args, **kwargs):
+        import ray
+
+        engines = original(*args, **kwargs)
+        timeout = float(os.environ.get(ENGINE_START_TIMEOUT_ENV, "900"))
+        print(f"cpu: waiting for {len(engines)} vLLM engine(s) to start (timeout {timeout:.0f} s)", flush=True)
+        t0 = time.monotonic()
+        try:
+            # Any method call returns once the actor's constructor (engine start-up) has finished.
+            ray.get([e.get_num_unfinished_requests.remote() for e in engines], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise CpuPlatformError(
+                f"the vLLM engine did not start within {timeout:.0f} s (set {ENGINE_START_TIMEOUT_ENV} to wait "
+                "longer); see its log under /tmp/ray/session_latest/logs") from None
+        except ray.exceptions.RayActorError as e:
+            raise CpuPlatformError(f"the vLLM engine failed to start: {_root_cause(e)}. Check the model directory, "
+                                   "free memory, and VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)") from e
+        print(f"cpu: vLLM engine(s) ready in {time.monotonic() - t0:.0f} s", flush=True)
+        return engines
+
+    package.create_vllm_engines = _wraps_once(original, create_vllm_engines)
+
+
+def _root_cause(error: BaseException) -> str:
+    """The last line of the innermost error Ray reports (its tracebacks run to many pages)."""
+    text = str(error).strip().splitlines()
+    lines = [line for line in text if line.strip() and not line.startswith((" ", "\t", "Traceback"))]
+    return lines[-1] if lines else type(error).__name__
+
+
+# ------------------------------------------------------------------------------------ vllm
+
+def patch_vllm_layer_utils(module) -> None:
+    import torch
+
+    original = module.dispatch_cpu_unquantized_gemm
+
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight):
+        weight = layer.weight
+        if weight.ndim == 2 and not weight.is_meta:
+            layer.cpu_linear = torch.nn.functional.linear  # reads layer.weight at every call
+            return None
+        return original(layer, remove_weight)
+
+    module.dispatch_cpu_unquantized_gemm = _wraps_once(original, dispatch_cpu_unquantized_gemm)
