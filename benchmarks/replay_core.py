@@ -31,10 +31,11 @@ Figures (medians over the measured steps, taken after warm-up to steady state):
   destinations allocated and touched before timing, so it measures copying, not allocation or
   page faults. The core allocates its outputs, as any buffer returning fresh tensors must: that
   is part of what the ratio shows.
-- bytes_per_token: bytes of every array the store holds (its chunks, dead rows of a partly
-  evicted chunk included, and its cached view / index), over its live tokens (prompt plus
-  response). The raw payload is 8 B per response token (int32 id + float32 log-prob) and 4 B per
-  prompt token, `payload_bytes_per_token` on this workload.
+- bytes_per_token: bytes of every array the store holds (its token chunks, dead rows of a
+  partly evicted chunk included, and its per-rollout table with its room to grow, which the
+  view is a slice of), over its live tokens (prompt plus response). The raw payload is 8 B per
+  response token (int32 id + float32 log-prob) and 4 B per prompt token,
+  `payload_bytes_per_token` on this workload.
 - torchrl_*: the same work on TorchRL (`TorchRLList`: `PrioritizedReplayBuffer` over a
   `ListStorage` of per-rollout tensors; `--torchrl-storage padded` for the `LazyTensorStorage`
   alternative), in its own process with .venv-torchrl's interpreter and one torch thread
@@ -235,16 +236,17 @@ class ProjectSide:
         return len(self.store)
 
     def memory(self) -> dict[str, float]:
-        """Bytes of every array reachable from the store (chunks and cached view/index), each
-        underlying buffer counted once, over live prompt + response tokens."""
+        """Bytes of every array reachable from the store (token chunks, per-rollout table with its
+        room to grow, cached view), each underlying buffer counted once, over live prompt +
+        response tokens."""
         st = self.store
-        arrays = []
-        for ch in st._chunks:  # noqa: SLF001 - a benchmark may look inside
-            arrays += [ch.prompt_ids, ch.prompt_offsets, ch.response_ids, ch.response_offsets, ch.logprobs,
-                       *ch.meta.values()] + ([ch.action_mask] if ch.action_mask is not None else [])
+        arrays = list(st._rows._backing.values())  # noqa: SLF001 - a benchmark may look inside
+        for ch in st._chunks:  # noqa: SLF001
+            arrays += [ch.prompt_ids, ch.prompt_offsets, ch.response_ids, ch.response_offsets, ch.logprobs]
+            arrays += [ch.action_mask] if ch.action_mask is not None else []
         if st._cache is not None:  # noqa: SLF001
-            view, loc, _ = st._cache  # noqa: SLF001
-            arrays += [getattr(view, k) for k in view.__dataclass_fields__] + list(loc.values())
+            view, rows, _ = st._cache  # noqa: SLF001
+            arrays += [getattr(view, k) for k in view.__dataclass_fields__] + list(rows.values())
         held = _unique_nbytes(arrays)
         live_tokens = st.n_tokens
         return {"bytes_held": held, "live_tokens": live_tokens, "bytes_per_token": held / live_tokens,

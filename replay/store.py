@@ -1,9 +1,10 @@
 """`RolloutStore`: which rollouts are held (insertion, age and capacity eviction) and their bytes.
 
-Storage is a FIFO of chunks, one per insertion, each a columnar copy of the rollouts kept from
-that insertion plus a live start index. Insertion order is version order, so both age and
-capacity eviction remove the oldest rollouts: drop whole chunks from the left, or advance the
-first chunk's start. Nothing is ever moved once stored.
+Token data lives in a FIFO of chunks, one per insertion, each a columnar copy of the rollouts kept
+from that insertion plus a live start index. Per-rollout data (metadata and where each rollout's
+tokens sit) lives in one table of the live rollouts, appended to and dropped from in place of
+being rebuilt. Insertion order is version order, so both age and capacity eviction remove the
+oldest rollouts: drop whole chunks from the left, or advance the first chunk's start.
 """
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ KEEP_RULES = ("nonzero_advantage", "nonzero_group", "success", "all")
 COUNTER_KEYS = ("inserted", "skipped_zero_adv", "skipped_unsuccessful", "evicted_age", "evicted_capacity") + tuple(
     f"refused/{r}" for r in REFUSAL_REASONS
 )
-_META = ROLLOUT_FIELDS + ("serials",)  # per-rollout arrays of a chunk
+# The per-rollout table's columns: what `StoreView` shows, then where each rollout's tokens sit
+# (the number of its chunk, counted since the store was created or loaded, and its token ranges).
+_VIEW_DTYPES = {k: getattr(RolloutBatch.empty(), k).dtype for k in ROLLOUT_FIELDS} | {
+    "serials": np.int64, "response_lengths": np.int64}
+_ROW_DTYPES = _VIEW_DTYPES | dict.fromkeys(("chunk", "p_start", "p_end", "r_start", "r_end"), np.int64)
 
 
 @dataclass(frozen=True)
@@ -64,22 +69,27 @@ class StoreView:
 
 
 class _Chunk:
-    """One insertion's rollouts. `action_mask` is None when it was all True (the usual case),
+    """One insertion's token data. `action_mask` is None when it was all True (the usual case),
     which saves one byte per token."""
 
     __slots__ = ("prompt_ids", "prompt_offsets", "response_ids", "response_offsets", "action_mask",
-                 "logprobs", "meta", "start")
+                 "logprobs", "start")
 
-    def __init__(self, batch: RolloutBatch, serials: np.ndarray) -> None:
-        self.prompt_ids, self.prompt_offsets = batch.prompt_ids, batch.prompt_offsets
-        self.response_ids, self.response_offsets = batch.response_ids, batch.response_offsets
-        self.action_mask = None if batch.action_mask.all() else batch.action_mask
-        self.logprobs = batch.behaviour_logprobs
-        self.meta = {k: getattr(batch, k) for k in ROLLOUT_FIELDS} | {"serials": serials}
+    def __init__(self, batch: RolloutBatch, rows: np.ndarray) -> None:
+        """A copy of rollouts `rows` (increasing) of `batch`: one contiguous copy per array when
+        the rows are consecutive. An all-True mask is not copied at all."""
+        zeros = np.zeros(len(rows), np.int64)
+        self.prompt_offsets, (self.prompt_ids,) = gather_segments(
+            [batch.prompt_ids], zeros, batch.prompt_offsets[rows], batch.prompt_offsets[rows + 1])
+        mask = () if batch.action_mask.all() else (batch.action_mask,)
+        self.response_offsets, (self.response_ids, self.logprobs, *mask) = gather_segments(
+            [(batch.response_ids, batch.behaviour_logprobs, *mask)], zeros, batch.response_offsets[rows],
+            batch.response_offsets[rows + 1])
+        self.action_mask = mask[0] if mask and not mask[0].all() else None
         self.start = 0  # rows before this are evicted
 
     def __len__(self) -> int:
-        return len(self.meta["versions"])
+        return len(self.prompt_offsets) - 1
 
     def compacted(self) -> _Chunk:
         """A copy holding only the live rows (frees the bytes of evicted ones)."""
@@ -90,7 +100,6 @@ class _Chunk:
         ch.response_ids, ch.response_offsets = self.response_ids[r0:].copy(), self.response_offsets[s:] - r0
         ch.action_mask = None if self.action_mask is None else self.action_mask[r0:].copy()
         ch.logprobs = self.logprobs[r0:].copy()
-        ch.meta = {k: v[s:].copy() for k, v in self.meta.items()}
         ch.start = 0
         return ch
 
@@ -100,9 +109,51 @@ class _Chunk:
 
     @property
     def nbytes(self) -> int:
-        arrays = [self.prompt_ids, self.prompt_offsets, self.response_ids, self.response_offsets, self.logprobs,
-                  *self.meta.values()] + ([self.action_mask] if self.action_mask is not None else [])
-        return sum(a.nbytes for a in arrays)
+        arrays = [self.prompt_ids, self.prompt_offsets, self.response_ids, self.response_offsets, self.logprobs]
+        return sum(a.nbytes for a in arrays) + (0 if self.action_mask is None else self.action_mask.nbytes)
+
+
+class _Rows:
+    """Per-rollout columns of the live rollouts, oldest first, appended at the back and dropped from
+    the front without copying the rest: each column is a slice of a backing array with room to
+    grow, and the live rows move to new backing arrays, twice their size, only when that room is
+    used up (amortised O(1) per row). Nothing is written where a slice already handed out can see
+    (appends go past it, `assign` writes a new backing array), so handed-out slices are snapshots."""
+
+    def __init__(self) -> None:
+        self._backing = {k: np.zeros(0, dt) for k, dt in _ROW_DTYPES.items()}
+        self._head = self._tail = 0
+
+    def __len__(self) -> int:
+        return self._tail - self._head
+
+    def live(self) -> dict[str, np.ndarray]:
+        return {k: b[self._head:self._tail] for k, b in self._backing.items()}
+
+    def append(self, columns: dict[str, np.ndarray]) -> None:
+        n = len(columns["serials"])
+        if self._tail + n > len(self._backing["serials"]):
+            live, size = self.live(), 2 * (len(self) + n)
+            self._backing = {k: np.empty(size, b.dtype) for k, b in self._backing.items()}
+            for k, b in self._backing.items():
+                b[:len(live[k])] = live[k]
+            self._head, self._tail = 0, len(self)
+        for k, b in self._backing.items():
+            b[self._tail:self._tail + n] = columns[k]
+        self._tail += n
+
+    def drop_oldest(self, n: int) -> None:
+        self._head += n
+
+    def assign(self, name: str, values: np.ndarray) -> None:
+        """Set column `name` of the live rows to `values`, in a new backing array."""
+        backing = self._backing[name].copy()
+        backing[self._head:self._tail] = values
+        self._backing[name] = backing
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._backing.values())
 
 
 class RolloutStore:
@@ -120,13 +171,14 @@ class RolloutStore:
         self.min_abs_advantage, self.success_threshold = min_abs_advantage, success_threshold
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         self._chunks: collections.deque[_Chunk] = collections.deque()
-        self._size = 0
+        self._chunks_dropped = 0  # the number of self._chunks[0] in the table's "chunk" column
+        self._rows = _Rows()
         self._next_serial = 0
         self._last_version: int | None = None
         self._cache: tuple[StoreView, dict[str, np.ndarray], list[_Chunk]] | None = None
 
     def __len__(self) -> int:
-        return self._size
+        return len(self._rows)
 
     # ---------------------------------------------------------------- mutation
 
@@ -146,12 +198,9 @@ class RolloutStore:
             if versions[0] < floor or np.any(versions[1:] < versions[:-1]):
                 raise ValueError(f"insert: versions must not decrease (stored up to {self._last_version}, "
                                  f"got {versions.min()} .. {versions.max()}): eviction relies on version order")
-            chunk_batch = batch.select(rows).replace(versions=versions)
-            self._chunks.append(_Chunk(chunk_batch, np.arange(self._next_serial, self._next_serial + len(rows))))
+            self._append(batch, rows, versions, np.arange(self._next_serial, self._next_serial + len(rows)))
             self._next_serial += len(rows)
-            self._size += len(rows)
             self._last_version = int(versions[-1])
-            self._cache = None
         self.counters["inserted"] += len(rows)
         self.counters["skipped_unsuccessful" if self.keep == "success" else "skipped_zero_adv"] += skipped
         for reason, count in refused.items():
@@ -170,22 +219,10 @@ class RolloutStore:
         Returns (n_evicted_by_age, n_evicted_by_capacity)."""
         n_age = 0
         if self.max_age is not None:
-            cutoff = step - self.max_age  # versions >= cutoff survive
-            while self._chunks:
-                ch = self._chunks[0]
-                first_live = int(np.searchsorted(ch.meta["versions"], cutoff, side="left"))
-                if first_live >= len(ch):
-                    n_age += ch.n_live
-                    self._chunks.popleft()
-                    continue
-                n_age += max(0, first_live - ch.start)
-                ch.start = max(ch.start, first_live)
-                self._compact_front()
-                break
-        if n_age:
-            self._size -= n_age
+            # Versions >= cutoff survive; they do not decrease, so the too old are a prefix.
+            n_age = int(np.searchsorted(self._rows.live()["versions"], step - self.max_age, side="left"))
+            self._drop_oldest(n_age)
             self.counters["evicted_age"] += n_age
-            self._cache = None
         return n_age, self._enforce_capacity()
 
     def increment_reuse(self, indices: np.ndarray | Sequence[int]) -> None:
@@ -194,40 +231,56 @@ class RolloutStore:
         if not len(idx):
             return
         added = np.bincount(idx, minlength=len(self)).astype(np.int32)  # (N,)
-        view, loc, chunks = self._cached()  # before the chunks change, or a rebuild would count twice
-        pos = 0
-        for ch in chunks:
-            ch.meta["reuse_counts"][ch.start:] += added[pos:pos + ch.n_live]
-            pos += ch.n_live
-        reuse = view.reuse_counts + added
-        reuse.setflags(write=False)
-        self._cache = (dataclasses.replace(view, reuse_counts=reuse), loc, chunks)
+        self._rows.assign("reuse_counts", self._rows.live()["reuse_counts"] + added)  # views already out keep theirs
+        self._cache = None
+
+    def _append(self, batch: RolloutBatch, rows: np.ndarray, versions: np.ndarray, serials: np.ndarray) -> None:
+        """Store rollouts `rows` of `batch` as a new chunk, with these versions and serials."""
+        ch = _Chunk(batch, rows)
+        self._rows.append({k: getattr(batch, k)[rows] for k in ROLLOUT_FIELDS} | {
+            "versions": versions, "serials": serials, "response_lengths": np.diff(ch.response_offsets),
+            "chunk": np.full(len(rows), self._chunks_dropped + len(self._chunks)),
+            "p_start": ch.prompt_offsets[:-1], "p_end": ch.prompt_offsets[1:],
+            "r_start": ch.response_offsets[:-1], "r_end": ch.response_offsets[1:]})
+        self._chunks.append(ch)
+        self._cache = None
 
     def _enforce_capacity(self) -> int:
-        excess = self._size - self.capacity
-        if excess <= 0:
-            return 0
-        left = excess
-        while left:
-            ch = self._chunks[0]
-            if ch.n_live <= left:
-                left -= ch.n_live
-                self._chunks.popleft()
-            else:
-                ch.start += left
-                left = 0
-                self._compact_front()
-        self._size -= excess
+        excess = max(0, len(self) - self.capacity)
+        self._drop_oldest(excess)
         self.counters["evicted_capacity"] += excess
-        self._cache = None
         return excess
+
+    def _drop_oldest(self, n: int) -> None:
+        """Evict the n oldest live rollouts: whole chunks from the left, then the first chunk's start."""
+        if not n:
+            return
+        self._rows.drop_oldest(n)
+        while n:
+            ch = self._chunks[0]
+            if ch.n_live <= n:
+                n -= ch.n_live
+                self._chunks.popleft()
+                self._chunks_dropped += 1
+            else:
+                ch.start += n
+                n = 0
+        self._compact_front()
+        self._cache = None
 
     def _compact_front(self) -> None:
         """Copy the first chunk's live rows once more than half of it is evicted: dead bytes stay
         below half a chunk, and each rollout is copied at most once more on average."""
-        if self._chunks and self._chunks[0].start * 2 > len(self._chunks[0]):
-            self._chunks[0] = self._chunks[0].compacted()
-            self._cache = None
+        if not self._chunks or self._chunks[0].start * 2 <= len(self._chunks[0]):
+            return
+        front = self._chunks[0]
+        p0, r0 = front.prompt_offsets[front.start], front.response_offsets[front.start]
+        self._chunks[0] = front.compacted()
+        live = self._rows.live()
+        for name, shift in (("p_start", p0), ("p_end", p0), ("r_start", r0), ("r_end", r0)):
+            values = live[name].copy()
+            values[:front.n_live] -= shift
+            self._rows.assign(name, values)
 
     def _keep_rule(self, batch: RolloutBatch, ok: np.ndarray) -> np.ndarray:
         if self.keep == "all":
@@ -254,7 +307,7 @@ class RolloutStore:
         if not len(idx):
             return RolloutBatch.empty()
         view, loc, chunks = self._cached()
-        which = loc["chunk"][idx]
+        which = loc["chunk"][idx] - self._chunks_dropped
         p_off, (prompt_ids,) = gather_segments([ch.prompt_ids for ch in chunks], which,
                                                loc["p_start"][idx], loc["p_end"][idx])
         r_start, r_end = loc["r_start"][idx], loc["r_end"][idx]
@@ -274,8 +327,9 @@ class RolloutStore:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by stored arrays (evicted rows of a partly evicted chunk included)."""
-        return sum(ch.nbytes for ch in self._chunks)
+        """Bytes held by stored arrays: the chunks (evicted rows of a partly evicted first chunk
+        included) and the per-rollout table (its room to grow included)."""
+        return sum(ch.nbytes for ch in self._chunks) + self._rows.nbytes
 
     @property
     def n_tokens(self) -> int:
@@ -285,31 +339,17 @@ class RolloutStore:
 
     def _check_indices(self, indices: np.ndarray | Sequence[int]) -> np.ndarray:
         idx = np.asarray(indices, np.int64).reshape(-1)
-        if len(idx) and (idx.min() < 0 or idx.max() >= self._size):
-            raise IndexError(f"indices must lie in [0, {self._size}) (live rollouts), "
+        if len(idx) and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"indices must lie in [0, {len(self)}) (live rollouts), "
                              f"got min {idx.min()} max {idx.max()}")
         return idx
 
     def _cached(self) -> tuple[StoreView, dict[str, np.ndarray], list[_Chunk]]:
         if self._cache is None:
-            chunks = list(self._chunks)
-            cat = lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dt)  # noqa: E731
-            meta = {k: cat([ch.meta[k][ch.start:] for ch in chunks], np.int64) for k in _META}
-            meta["response_lengths"] = cat([np.diff(ch.response_offsets)[ch.start:] for ch in chunks], np.int64)
-            # Where each live rollout's tokens sit: its chunk and its token ranges there.
-            loc = {
-                "chunk": np.repeat(np.arange(len(chunks)), [ch.n_live for ch in chunks]),
-                "p_start": cat([ch.prompt_offsets[ch.start:-1] for ch in chunks], np.int64),
-                "p_end": cat([ch.prompt_offsets[ch.start + 1:] for ch in chunks], np.int64),
-                "r_start": cat([ch.response_offsets[ch.start:-1] for ch in chunks], np.int64),
-                "r_end": cat([ch.response_offsets[ch.start + 1:] for ch in chunks], np.int64),
-            }
-            if not chunks:  # keep the declared dtypes when empty
-                meta.update(advantages=np.zeros(0, np.float32), rewards=np.zeros(0, np.float32),
-                            reuse_counts=np.zeros(0, np.int32))
-            for a in meta.values():
+            rows = self._rows.live()  # slices: nothing is copied
+            for a in rows.values():
                 a.setflags(write=False)
-            self._cache = (StoreView(**meta), loc, chunks)
+            self._cache = (StoreView(**{k: rows[k] for k in _VIEW_DTYPES}), rows, list(self._chunks))
         return self._cache
 
     # ---------------------------------------------------------------- state
@@ -344,10 +384,10 @@ class RolloutStore:
                 len(batch) and (last_version is None or batch.versions[-1] > last_version)):
             raise ValueError("store state versions must not decrease and must not exceed last_version")
         self._chunks.clear()
-        if len(batch):
-            # Reuse counts are mutated in place: never share them with the caller's state.
-            self._chunks.append(_Chunk(batch.replace(reuse_counts=batch.reuse_counts.copy()), serials.copy()))
-        self._size = len(batch)
+        self._chunks_dropped = 0
+        self._rows = _Rows()
+        if len(batch):  # copied: the store shares no array with the caller's state
+            self._append(batch, np.arange(len(batch)), batch.versions, serials)
         self.counters = counters
         self._next_serial = next_serial
         self._last_version = None if last_version is None else int(last_version)

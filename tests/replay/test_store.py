@@ -170,3 +170,18 @@ def test_bytes_per_token_stay_compact():
 def test_constructor_checks(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RolloutStore(**kwargs)
+
+
+def test_views_are_snapshots_through_growth_eviction_and_reuse():
+    rng = np.random.default_rng(7)
+    s = RolloutStore(12, None, keep="all")
+    s.insert(random_batch(rng, 2, 2, 0), version=0)
+    before = s.view()
+    want = {k: getattr(before, k).copy() for k in ("serials", "versions", "reuse_counts", "response_lengths")}
+    for v in range(1, 8):  # grows the per-rollout table past its room, and evicts by capacity
+        s.insert(random_batch(rng, 2, 2, v), version=v)
+        s.increment_reuse(np.arange(len(s)))
+    for k, a in want.items():
+        assert np.array_equal(getattr(before, k), a), k
+    assert s.view().serials.tolist() == list(range(20, 32))
+    assert s.view().reuse_counts.tolist() == [3] * 4 + [2] * 4 + [1] * 4
