@@ -269,11 +269,18 @@ class RolloutStore:
         self._cache = None
 
     def _compact_front(self) -> None:
-        """Copy the first chunk's live rows once more than half of it is evicted: dead bytes stay
-        below half a chunk, and each rollout is copied at most once more on average."""
-        if not self._chunks or self._chunks[0].start * 2 <= len(self._chunks[0]):
+        """Copy the first chunk's live rows once more than half of it is dead and its dead rows
+        outnumber the newest chunk's. A partly dead first chunk is the steady state when the
+        capacity is not a multiple of the insertion size: tolerating one insertion's worth of dead
+        rows keeps it from being copied every step, and waiting until half is dead keeps copying
+        amortised (each rollout copied at most once more on average). Dead rows therefore stay
+        within the first chunk's live rows or the rows of one (fully live) later chunk."""
+        if not self._chunks:
             return
         front = self._chunks[0]
+        newest = len(self._chunks[-1]) if len(self._chunks) > 1 else 0
+        if front.start * 2 <= len(front) or front.start <= newest:
+            return
         p0, r0 = front.prompt_offsets[front.start], front.response_offsets[front.start]
         self._chunks[0] = front.compacted()
         live = self._rows.live()

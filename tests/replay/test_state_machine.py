@@ -186,6 +186,16 @@ class StoreMachine(RuleBasedStateMachine):
             assert np.array_equal(getattr(view, name), getattr(twin, name)), name
         assert self.store.counters == self.twin.counters == self.counters
 
+    @invariant()
+    def evicted_rows_held_are_bounded(self):
+        """Capacity counts live rollouts only; the evicted rows still held (the first chunk's,
+        before its start) stay within its live rows or the rows of one later chunk."""
+        for store in (getattr(self, "store", None), getattr(self, "twin", None)):
+            chunks = list(store._chunks) if store is not None else []  # noqa: SLF001 - memory layout
+            assert sum(ch.n_live for ch in chunks) == len(self.model)
+            if chunks:
+                assert chunks[0].start <= max([chunks[0].n_live] + [len(ch) for ch in chunks[1:]])
+
 
 class BufferMachine(RuleBasedStateMachine):
     @initialize(mode=st.sampled_from(["naive", "uniform", "advantage", "freshness", "success"]),

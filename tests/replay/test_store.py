@@ -185,3 +185,26 @@ def test_views_are_snapshots_through_growth_eviction_and_reuse():
         assert np.array_equal(getattr(before, k), a), k
     assert s.view().serials.tolist() == list(range(20, 32))
     assert s.view().reuse_counts.tolist() == [3] * 4 + [2] * 4 + [1] * 4
+
+
+def test_a_partly_evicted_first_chunk_is_compacted_only_past_half_and_one_insertion():
+    # Internal layout (s._chunks): what is asserted is which bytes are held, not behaviour.
+    rng = np.random.default_rng(8)
+    s = RolloutStore(10, None, keep="all")
+    for v in range(4):  # 8 per insertion, 10 live: from the second on, 6 dead rows in the first chunk
+        s.insert(random_batch(rng, 2, 4, v), version=v)
+    assert [ch.start for ch in s._chunks] == [6, 0]  # more than half dead, but under one insertion: kept
+    # One big chunk (a reload) is compacted once more than half of it, and more than the newest
+    # chunk's rows, is dead: each copy at least halves it.
+    big = random_batch(rng, 6, 5, 0)
+    t = RolloutStore(30, None, keep="all")
+    t.load_state_dict(RolloutStore(30, None, keep="all").state_dict() | {
+        "rollouts": {f: getattr(big, f) for f in RolloutBatch.__dataclass_fields__},
+        "serials": np.arange(30), "next_serial": 30, "last_version": 0})
+    first = []
+    for v in range(1, 6):
+        t.insert(random_batch(rng, 1, 4, v), version=v)
+        first.append((len(t._chunks[0]), t._chunks[0].start))
+    assert first == [(30, 4), (30, 8), (30, 12), (14, 0), (14, 4)]
+    assert np.array_equal(t.view().serials, np.r_[20:50])
+    assert np.array_equal(t.gather([0, 9]).response_ids, np.r_[big.response(20), big.response(29)])
