@@ -91,7 +91,27 @@ def install() -> None:
             _apply(name, module)
 
 
+def _die_with_parent() -> None:
+    """In a `multiprocessing` spawn child (vLLM's engine core and workers, the reward graders), ask
+    Linux to kill this process when its parent dies: a run stopped abruptly otherwise leaves
+    vLLM workers running on their own."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            if b"multiprocessing.spawn" not in f.read():
+                return
+        import ctypes
+        import signal
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() == 1:  # the parent died before the request took effect
+            os._exit(1)
+    except OSError:  # not Linux: nothing to ask for
+        pass
+
+
 def install_if_active() -> None:
     """The `.pth` entry point: install the hooks only in processes of a CPU run."""
     if os.environ.get(DEVICE_ENV, "").strip().lower() == "cpu":
+        _die_with_parent()
         install()

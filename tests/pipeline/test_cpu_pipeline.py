@@ -1,0 +1,183 @@
+"""The real GRPO pipeline on the CPU platform, end to end, with a tiny random Qwen3.
+
+Three runs of `python -m openrlhf_replay.cli.train_ppo_ray` (Ray, vLLM CPU engine, DeepSpeed
+ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
+
+- `replay`: advantage-prioritised replay, warm-up 1, two steps, checkpoint (replay state
+  included) at step 2, final HF model;
+- `resumed`: the same run resumed from that checkpoint (`--ckpt.load_enable`) for two more steps;
+- `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
+  them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
+
+The reward is `parity_reward.py` (a coin flip per response): a random model's math answers are
+all wrong, which would leave every group without advantage and the buffer empty. Metrics are read
+from the TensorBoard event files the runs write; log lines only where a metric cannot say it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from openrlhf_replay.cpu.quickstart import read_scalars
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+REWARD = Path(__file__).with_name("parity_reward.py")
+RUN_TIMEOUT_S = 600
+STEPS_PER_EPISODE = 2  # data.max_samples / rollout.batch_size
+
+COMMON = [
+    "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
+    "--reward.remote_url", str(REWARD),
+    "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.sync_backend", "gloo",
+    "--vllm.enforce_eager",
+    "--ds.attn_implementation", "sdpa", "--ds.zero_stage", "2", "--ds.param_dtype", "bf16",
+    "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+    "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
+    # vLLM's own log-probs travel with each sample; the actor logs their gap to its own as vllm_kl.
+    "--algo.advantage.is_correction_level", "token",
+    "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.micro_batch_size", "4",
+    "--train.batch_size", "8", "--train.micro_batch_size", "4",
+    "--rollout.max_new_tokens", "16", "--data.max_len", "128",
+    "--data.max_samples", str(4 * STEPS_PER_EPISODE),
+    # A large step, so that a vLLM engine left with the old weights is far from the actor.
+    "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
+    "--logger.wandb.run_name", "tb",
+]
+REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio", "0.5"]
+
+
+def _prompts(path: Path, n: int = 32) -> list[str]:
+    """Small arithmetic word problems with their answers (also the tokenizer's corpus)."""
+    rng = np.random.default_rng(0)
+    texts = []
+    with open(path, "w") as f:
+        for _ in range(n):
+            a, b = (int(x) for x in rng.integers(2, 50, 2))
+            question = f"Sam has {a} apples and buys {b} more. How many apples does Sam have?"
+            f.write(json.dumps({"prompt": question + "\nPut your final answer within \\boxed{}.",
+                                "label": str(a + b)}) + "\n")
+            texts += [question, f"Sam has {a + b} apples. The answer is \\boxed{{{a + b}}}."]
+    return texts
+
+
+def _run(tmp: Path, name: str, argv: list[str], env_extra: dict | None = None) -> dict:
+    out = tmp / name
+    out.mkdir(exist_ok=True)
+    env = dict(os.environ, OPENRLHF_REPLAY_DEVICE="cpu", PYTHONUNBUFFERED="1", **(env_extra or {}))
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray", *COMMON, *argv,
+           "--logger.tensorboard_dir", str(out / "tensorboard"), "--ckpt.output_dir", str(out / "final")]
+    t0 = time.monotonic()
+    with open(out / "log.txt", "w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=RUN_TIMEOUT_S, start_new_session=True)
+    text = (out / "log.txt").read_text(errors="replace")
+    assert proc.returncode == 0, f"{name} run failed ({proc.returncode}); log tail:\n" + text[-6000:]
+    return {"dir": out, "log": text, "scalars": read_scalars(out / "tensorboard" / "tb"),
+            "seconds": time.monotonic() - t0}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from evaluation.models import build_tiny_qwen3
+
+    tmp = tmp_path_factory.mktemp("cpu_pipeline")
+    texts = _prompts(tmp / "prompts.jsonl")
+    model = build_tiny_qwen3(tmp / "tiny-qwen3", corpus=texts, vocab_size=512)
+    base = ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl")]
+    ckpt = ["--ckpt.path", str(tmp / "ckpt"), "--ckpt.save_steps", str(STEPS_PER_EPISODE)]
+    replay = _run(tmp, "replay", base + REPLAY + ckpt + ["--train.num_episodes", "1"])
+    resumed = _run(tmp, "resumed", base + REPLAY + ckpt + ["--train.num_episodes", "2", "--ckpt.load_enable"])
+    control = _run(tmp, "control", base + ["--replay.mode", "none", "--train.num_episodes", "1"],
+                   env_extra={"OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD": "1"})
+    for name, run in (("replay", replay), ("resumed", resumed), ("control", control)):
+        print(f"{name}: {run['seconds']:.0f} s")
+    return {"model": model, "ckpt": tmp / "ckpt", "replay": replay, "resumed": resumed, "control": control}
+
+
+def _by_step(run, key) -> dict[int, float]:
+    return run["scalars"].get(f"train/{key}", {})
+
+
+def test_replayed_rollouts_were_in_the_training_batches(runs):
+    run = runs["replay"]
+    drawn = _by_step(run, "replay/replayed")  # the buffer's count of rollouts drawn for the step
+    assert sorted(drawn) == [1, 2]
+    assert drawn[1] == 0  # warm-up step: the buffer only fills
+    assert drawn[2] == 8  # round(0.5 x 16 fresh / train.batch_size 8) x 8
+    # The fraction of rows the training actors saw flagged as replayed: they reached the loss.
+    assert _by_step(run, "replay/is_replayed")[2] == pytest.approx(8 / 24)
+    assert _by_step(run, "replay/clip_frac_replay")[2] >= 0  # split statistics from the actors' loss
+    assert _by_step(run, "replay/size")[2] > 0
+
+
+def test_losses_are_finite_and_the_weights_changed(runs):
+    from safetensors.torch import load_file
+
+    for name in ("replay", "resumed", "control"):
+        for key in ("policy_loss", "actor_grad_norm"):
+            values = _by_step(runs[name], key)
+            assert values and all(math.isfinite(v) for v in values.values()), (name, key, values)
+    before = load_file(str(runs["model"] / "model.safetensors"))
+    after = load_file(str(runs["replay"]["dir"] / "final" / "model.safetensors"))
+    common = set(before) & set(after)  # the initial save drops the lm_head tied to the embedding
+    assert len(common) >= len(before) - 1
+    changed = [k for k in common if not np.allclose(before[k].float().numpy(), after[k].float().numpy(), atol=1e-3)]
+    assert len(changed) > len(common) // 2, f"only {changed} changed"
+
+
+def test_vllm_generates_with_the_synced_weights(runs):
+    """After a step, vLLM's log-probs of its samples equal the actor's (vllm_kl ~ 0) only when the
+    new weights reached it: in the control, vLLM keeps the initial weights and the gap is the KL
+    between the initial and the trained policy."""
+    synced = [v for step, v in _by_step(runs["replay"], "vllm_kl").items() if step >= 2]
+    synced += [v for step, v in _by_step(runs["resumed"], "vllm_kl").items()]
+    stale = _by_step(runs["control"], "vllm_kl")[2]
+    assert synced and max(abs(v) for v in synced) < 2e-3, synced
+    assert stale > 1e-2 and stale > 10 * max(abs(v) for v in synced), (stale, synced)
+    # Step 1 runs before any update: both engines hold the initial weights.
+    assert abs(_by_step(runs["control"], "vllm_kl")[1]) < 2e-3
+
+
+DIGEST = re.compile(r"replay: (saved|restored) (\d+) rollouts (?:to|from) (global_step\d+\.npz) \(state (\w+)\)")
+
+
+def test_resume_restores_the_saved_buffer(runs):
+    from openrlhf_replay.utils import state_digest
+    from replay import ReplayBuffer, ReplayConfig
+
+    saved = {m.group(3): (int(m.group(2)), m.group(4)) for m in DIGEST.finditer(runs["replay"]["log"])
+             if m.group(1) == "saved"}
+    restored = [m.groups()[1:] for m in DIGEST.finditer(runs["resumed"]["log"]) if m.group(1) == "restored"]
+    assert restored, "the resumed run did not report restoring the buffer"
+    (count, name, digest), = restored
+    assert name == f"global_step{STEPS_PER_EPISODE}.npz" and name in saved
+    assert (int(count), digest) == saved[name]  # the buffer in memory at save == the one restored
+    flags = ReplayConfig.add_cli_args(argparse.ArgumentParser()).parse_known_args(REPLAY)[0]
+    from_file = ReplayBuffer.load(runs["ckpt"] / "_replay" / name, ReplayConfig.from_namespace(flags))
+    assert state_digest(from_file.state_dict()) == digest and len(from_file) == int(count)
+
+    resumed = runs["resumed"]
+    steps = sorted(_by_step(resumed, "replay/replayed"))
+    assert steps == [3, 4]  # it continued from the checkpoint's step, not from 0
+    assert _by_step(resumed, "replay/replayed")[3] == 8  # the restored buffer is drawn from at once
+    assert (runs["ckpt"] / "_replay" / "global_step4.npz").is_file()
+
+
+def test_mode_none_runs_the_plain_pipeline(runs):
+    control = runs["control"]
+    assert sorted(_by_step(control, "policy_loss")) == [1, 2]
+    assert not any(tag.startswith("train/replay/") for tag in control["scalars"])
+    assert (control["dir"] / "final" / "model.safetensors").is_file()
