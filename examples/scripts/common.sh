@@ -1,0 +1,259 @@
+# shellcheck shell=bash
+# Shared settings and launch steps of the scripts in this folder: sourced, never run.
+#
+# Every setting below is an environment variable with a default; the training defaults are
+# METHOD.md sections 2-3, identical for every condition and every GPU count. Arguments given to
+# a training script are appended to its command (argparse: the last value wins), e.g.
+#   NUM_GPUS=4 SEED=1 bash examples/scripts/train_grpo_replay.sh --replay.ratio 0.25
+# DRY_RUN=1 builds the exact command, checks every flag against the installed parser (and the
+# replay rules) without starting Ray or loading a model, prints it, and writes nothing.
+#
+# How batches follow the GPU count (GPUS = NUM_NODES x NUM_GPUS):
+# - per step ROLLOUT_PROMPTS (128) prompts x GROUP_SIZE (8) = 1,024 fresh rollouts, and a
+#   training batch of TRAIN_BATCH (256) rollouts: 4 optimizer steps per step on fresh rollouts
+#   (+2 with replay ratio 0.5). These are the experiment and never change with the GPU count;
+# - each GPU holds one DeepSpeed rank and, colocated (--train.colocate_all, sleep mode on both
+#   sides), one vLLM engine: vLLM engines = GPUS / VLLM_TP;
+# - micro-batches are per GPU and set by memory, i.e. by model size (0.6B: 8 train / 16
+#   rollout-forward, 1.7B: 4 / 8, 4B: 2 / 4), capped at the GPU's share of the batch;
+#   gradient accumulation = TRAIN_BATCH / (micro x GPUS);
+# - so GPUS must divide TRAIN_BATCH / micro (DeepSpeed) and 1,024 / rollout micro (replay):
+#   1, 2, 4, 8, 16, 32 GPUs work; the dry run names the rule a count breaks.
+
+SCRIPTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(cd "$SCRIPTS_DIR/../.." && pwd)
+SHARED_DIR=${SHARED_DIR:-$REPO_ROOT/../shared}
+SCRIPT_NAME=$(basename "$0" .sh)
+
+# ---- what, where, how many
+MODEL=${MODEL:-Qwen/Qwen3-1.7B-Base}             # Qwen/Qwen3-{0.6B,1.7B,4B}-Base or a local directory
+NUM_NODES=${NUM_NODES:-1}
+NUM_GPUS=${NUM_GPUS:-8}                          # per node
+DATA=${DATA:-$SHARED_DIR/data/train/deepscaler_math_train.json}  # JSON/JSONL file(s), comma-separated
+INPUT_KEY=${INPUT_KEY:-problem}
+LABEL_KEY=${LABEL_KEY:-answer}
+SEED=${SEED:-42}
+RUNS_DIR=${RUNS_DIR:-$REPO_ROOT/runs}            # default output: $RUNS_DIR/<model>/<condition>_seed<SEED>
+PYTHON=${PYTHON:-python}
+if [[ $PYTHON == */* ]]; then  # a relative path would break once a run changes directory (no realpath: keep a venv's link)
+  PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")
+fi
+DRY_RUN=${DRY_RUN:-0}
+
+# ---- the algorithm (METHOD.md sections 2-3)
+ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-128}
+GROUP_SIZE=${GROUP_SIZE:-8}
+TRAIN_BATCH=${TRAIN_BATCH:-256}
+EPISODES=${EPISODES:-4}                          # passes over the prompts: 7,474 DeepScaleR-MATH prompts = 58 steps each
+PROMPT_MAX_LEN=${PROMPT_MAX_LEN:-1024}
+MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-3072}
+LR=${LR:-1e-6}
+# ---- replay (METHOD.md section 2): tau_max, ratio, alpha, warm-up, capacity
+REPLAY_MAX_AGE=${REPLAY_MAX_AGE:-10}
+REPLAY_RATIO=${REPLAY_RATIO:-0.5}
+REPLAY_ALPHA=${REPLAY_ALPHA:-0.5}
+REPLAY_WARMUP=${REPLAY_WARMUP:-20}
+REPLAY_CAPACITY=${REPLAY_CAPACITY:-30000}
+# What every replay condition shares; each condition script adds its mode and that mode's knobs.
+# shellcheck disable=SC2034  # used by the scripts that source this file
+REPLAY_ARGS=(
+  --replay.ratio "$REPLAY_RATIO"
+  --replay.warmup "$REPLAY_WARMUP"
+  --replay.capacity "$REPLAY_CAPACITY"
+  --replay.seed "$SEED"
+)
+# ---- systems
+ZERO_STAGE=${ZERO_STAGE:-2}
+VLLM_TP=${VLLM_TP:-1}
+VLLM_GPU_UTIL=${VLLM_GPU_UTIL:-0.6}
+SAVE_STEPS=${SAVE_STEPS:-20}                     # DeepSpeed + HF checkpoint every N steps (resume, sweeps)
+
+# The training conditions, baseline first: train_<condition>.sh writes <condition>_seed<SEED>/.
+# shellcheck disable=SC2034  # used by eval.sh and compare.sh
+CONDITIONS=(grpo grpo_replay grpo_naive_replay grpo_uniform_replay grpo_freshness_replay grpo_success_replay)
+
+# The raw completion prompt for base models; with `{}` the problem and `{{}}` a literal `{}`, it
+# renders exactly as evaluation's `--prompt-template plain` (evaluation/prompting.py).
+PROMPT_TEMPLATE=$'Question: {}\nPlease reason step by step, and put your final answer within \\boxed{{}}.\nAnswer: Let\'s think step by step.'
+
+die() {
+  echo "$SCRIPT_NAME: $*" >&2
+  exit 1
+}
+
+require_ints() {  # <minimum: 0 or 1> <variable names...>
+  local low=$1 name
+  shift
+  for name in "$@"; do
+    if [[ ! ${!name} =~ ^[0-9]+$ ]] || ((10#${!name} < low)); then
+      die "$name=${!name}: must be an integer >= $low"
+    fi
+  done
+}
+
+model_tag() {  # Qwen/Qwen3-1.7B-Base -> Qwen3-1.7B-Base
+  basename "${1%/}"
+}
+
+# Per-GPU micro-batches (train, rollout forward) by model size: memory, not the experiment.
+scale_micro_batches() {
+  case "${MODEL,,}" in
+    *0.6b*) echo "8 16" ;;
+    *4b*) echo "2 4" ;;
+    *) echo "4 8" ;;
+  esac
+}
+
+min() { echo $(($1 < $2 ? $1 : $2)); }
+max() { echo $(($1 > $2 ? $1 : $2)); }
+
+abspath_if_local() {  # a path that exists becomes absolute (runs start from the repository root); a hub id stays
+  if [[ -e $1 ]]; then realpath "$1"; else echo "$1"; fi
+}
+
+# Fills GPUS_TOTAL, FRESH_ROLLOUTS, MICRO_TRAIN_BATCH, MICRO_ROLLOUT_BATCH, VLLM_ENGINES and
+# the TRAIN_ARGS array shared by every training condition (the baseline included).
+training_settings() {
+  require_ints 1 NUM_NODES NUM_GPUS ROLLOUT_PROMPTS GROUP_SIZE TRAIN_BATCH EPISODES PROMPT_MAX_LEN MAX_NEW_TOKENS \
+    VLLM_TP SAVE_STEPS
+  require_ints 0 SEED ZERO_STAGE
+  GPUS_TOTAL=$((NUM_NODES * NUM_GPUS))
+  FRESH_ROLLOUTS=$((ROLLOUT_PROMPTS * GROUP_SIZE))
+  local scale_train scale_rollout
+  read -r scale_train scale_rollout <<<"$(scale_micro_batches)"
+  MICRO_TRAIN_BATCH=${MICRO_TRAIN_BATCH:-$(max 1 "$(min "$scale_train" $((TRAIN_BATCH / GPUS_TOTAL)))")}
+  MICRO_ROLLOUT_BATCH=${MICRO_ROLLOUT_BATCH:-$(max 1 "$(min "$scale_rollout" $((FRESH_ROLLOUTS / GPUS_TOTAL)))")}
+  VLLM_ENGINES=$((GPUS_TOTAL / VLLM_TP))
+  MODEL=$(abspath_if_local "$MODEL")
+  local data_files=() file
+  IFS=, read -r -a data_files <<<"$DATA"
+  DATA=$(for file in "${data_files[@]}"; do abspath_if_local "$file"; done | paste -sd,)
+  TRAIN_ARGS=(
+    --actor.model_name_or_path "$MODEL"
+    --data.prompt_dataset "$DATA"
+    --data.input_key "$INPUT_KEY"
+    --data.label_key "$LABEL_KEY"
+    --data.input_template "$PROMPT_TEMPLATE"
+    --data.max_len $((PROMPT_MAX_LEN + MAX_NEW_TOKENS))
+    --rollout.max_new_tokens "$MAX_NEW_TOKENS"
+    --reward.remote_url "$REPO_ROOT/evaluation/reward.py"
+    --algo.advantage.estimator group_norm
+    --rollout.n_samples_per_prompt "$GROUP_SIZE"
+    --rollout.batch_size "$ROLLOUT_PROMPTS"
+    --rollout.micro_batch_size "$MICRO_ROLLOUT_BATCH"
+    --rollout.temperature 1.0
+    --rollout.top_p 1.0
+    --train.batch_size "$TRAIN_BATCH"
+    --train.micro_batch_size "$MICRO_TRAIN_BATCH"
+    --train.max_epochs 1
+    --train.num_episodes "$EPISODES"
+    --train.seed "$SEED"
+    --actor.policy_loss_type ppo
+    --actor.eps_clip_low_high 0.2 0.28
+    --actor.dual_clip 10
+    --actor.loss_agg_mode token-mean
+    --actor.adam.lr "$LR"
+    --actor.adam.weight_decay 0.01
+    --actor.max_norm 1.0
+    --actor.lr_scheduler constant_with_warmup
+    --actor.lr_warmup_ratio 0.03
+    --algo.kl.init_coef 0
+    --actor.num_nodes "$NUM_NODES"
+    --actor.num_gpus_per_node "$NUM_GPUS"
+    --train.colocate_all
+    --vllm.num_engines "$VLLM_ENGINES"
+    --vllm.tensor_parallel_size "$VLLM_TP"
+    --vllm.gpu_memory_utilization "$VLLM_GPU_UTIL"
+    --vllm.enable_sleep
+    --vllm.enable_prefix_caching
+    --ds.enable_sleep
+    --ds.zero_stage "$ZERO_STAGE"
+    --ds.param_dtype bf16
+    --actor.gradient_checkpointing_enable
+    --ckpt.output_dir "$OUTPUT_DIR/model"
+    --ckpt.path "$OUTPUT_DIR/ckpt"
+    --ckpt.save_steps "$SAVE_STEPS"
+    --ckpt.save_hf
+    --ckpt.max_num 2
+    --ckpt.load_enable
+    --logger.logging_steps 1
+    --logger.tensorboard_dir "$OUTPUT_DIR/tensorboard"
+  )
+}
+
+# The settings a run was launched with, as `KEY=value` lines a shell can source.
+describe_settings() {
+  local name
+  for name in "$@"; do
+    echo "$name=$(shell_words "${!name-}")"
+  done
+}
+
+# The words as one shell line that reproduces them, quoting only the words that need it.
+shell_words() {
+  local word out=()
+  for word in "$@"; do
+    if [[ $word =~ ^[[:alnum:]_./,:=@%+-]+$ ]]; then out+=("$word"); else out+=("${word@Q}"); fi
+  done
+  echo "${out[*]}"
+}
+
+print_command() {
+  echo "$SCRIPT_NAME: command: $(shell_words "$@")"
+}
+
+# `python -m openrlhf_replay.cli.validate [options] -- <command>`: exit status 0 when it would run.
+validate_command() {
+  local options=()
+  while [[ ${1-} != -- ]]; do
+    options+=("$1")
+    shift
+  done
+  "$PYTHON" -m openrlhf_replay.cli.validate "${options[@]}" "$@"
+}
+
+refuse_finished() {  # <dir>: a finished run is never overwritten
+  [[ ! -e $1/DONE ]] || die "$1 holds a finished run (DONE: $(head -n 1 "$1/DONE")); choose another OUTPUT_DIR, or delete $1 to redo it"
+}
+
+mark_done() {
+  date -u +%Y-%m-%dT%H:%M:%SZ >"$1/DONE"
+}
+
+# Launch a training condition: `launch_training <module> <condition flags...>`. OUTPUT_DIR
+# (default $RUNS_DIR/<model>/<condition>_seed<SEED>) receives command.sh, settings.env,
+# resolved_args.json (the arguments after upstream's own rewrites), train.log, ckpt/ (resumable:
+# rerun the same command), tensorboard/, model/ (the final weights) and DONE at the end.
+launch_training() {
+  local module=$1
+  shift
+  local condition=${SCRIPT_NAME#train_}
+  OUTPUT_DIR=$(realpath -m "${OUTPUT_DIR:-$RUNS_DIR/$(model_tag "$MODEL")/${condition}_seed$SEED}")
+  training_settings
+  local cmd=("$PYTHON" -m "$module" "${TRAIN_ARGS[@]}" "$@")
+  local settings
+  settings=$(describe_settings MODEL NUM_NODES NUM_GPUS GPUS_TOTAL DATA INPUT_KEY LABEL_KEY SEED OUTPUT_DIR \
+    ROLLOUT_PROMPTS GROUP_SIZE FRESH_ROLLOUTS TRAIN_BATCH MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH EPISODES \
+    PROMPT_MAX_LEN MAX_NEW_TOKENS LR ZERO_STAGE VLLM_ENGINES VLLM_TP VLLM_GPU_UTIL SAVE_STEPS)
+  refuse_finished "$OUTPUT_DIR"
+  local script
+  script=$(printf '#!/usr/bin/env bash\n# %s: rerun to resume from the last checkpoint\ncd %s\n%s\n' \
+    "$SCRIPT_NAME" "$(shell_words "$REPO_ROOT")" "$(shell_words "${cmd[@]}")")
+  if [[ -f $OUTPUT_DIR/command.sh ]] && [[ $(<"$OUTPUT_DIR/command.sh") != "$script" ]]; then
+    die "$OUTPUT_DIR holds an unfinished run of another command (see its command.sh); rerun that command to resume it, or choose another OUTPUT_DIR"
+  fi
+  echo "$settings"
+  print_command "${cmd[@]}"
+  if [[ $DRY_RUN == 1 ]]; then
+    validate_command -- "${cmd[@]}"
+    return
+  fi
+  cd "$REPO_ROOT" || die "cannot cd to $REPO_ROOT"
+  mkdir -p "$OUTPUT_DIR"
+  echo "$script" >"$OUTPUT_DIR/command.sh"
+  { echo "$settings"; describe_settings RAY_ADDRESS; printf 'GIT_COMMIT=%s\n' "$(git -C "$REPO_ROOT" rev-parse HEAD 2>/dev/null || echo "${OPENRLHF_REPLAY_COMMIT:-unknown}")"; } >"$OUTPUT_DIR/settings.env"
+  validate_command --resolved-json "$OUTPUT_DIR/resolved_args.json" -- "${cmd[@]}"
+  "${cmd[@]}" 2>&1 | tee -a "$OUTPUT_DIR/train.log"
+  mark_done "$OUTPUT_DIR"
+  echo "$SCRIPT_NAME: finished: $OUTPUT_DIR"
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Baseline: FreshPER (arXiv 2604.16918; METHOD.md section 3): rollouts with A != 0 in a FIFO
+# buffer of REPLAY_CAPACITY, priority (|A| + eps) ** 0.6 x exp(-age / 500), importance weights
+# (N P(i)) ** -beta / max with beta annealed 0.4 -> 1.0 over 1,000 steps.
+# Settings: environment variables, see common.sh; extra arguments are appended to the command.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+launch_training openrlhf_replay.cli.train_ppo_ray \
+  --replay.mode freshness \
+  --replay.alpha 0.6 \
+  --replay.tau 500 \
+  --replay.beta_start 0.4 \
+  --replay.beta_end 1.0 \
+  --replay.beta_steps 1000 \
+  "${REPLAY_ARGS[@]}" "$@"

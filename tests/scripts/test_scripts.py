@@ -1,0 +1,431 @@
+"""The launch scripts and the GPU image, proven up to where a GPU is needed.
+
+- every shell line is linted (shellcheck) and the image recipe too (hadolint);
+- every script's dry run builds its exact command and checks it against the installed parsers
+  (upstream's for the baseline, ours for the replay conditions, the evaluation CLI's), the
+  replay rules and the launch-time checks, at the default 1.7B settings and other GPU counts;
+- the real launch path (output directory, metadata, DONE marker, refusals) runs with a stand-in
+  interpreter that records the command instead of training;
+- the validator itself, in process: what it accepts, what it refuses, that Ray never starts.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "examples/scripts"
+BIN = Path(sys.executable).parent
+TRAINING = ["train_grpo", "train_grpo_replay", "train_grpo_naive_replay", "train_grpo_uniform_replay",
+            "train_grpo_freshness_replay", "train_grpo_success_replay"]
+SHELL_FILES = sorted(SCRIPTS.glob("*.sh")) + [ROOT / "dockerfile/entrypoint.sh"]
+DATA = ROOT.parent / "shared/data/train/deepscaler_math_train.json"
+
+
+def _env(tmp: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MODEL", "NUM_GPUS", "NUM_NODES", "OUTPUT_DIR", "SEED", "CONDITION", "RUN_DIR", "CHECKPOINT")}
+    env.update(PYTHON=sys.executable, RUNS_DIR=str(tmp / "runs"), RAY_ADDRESS="")
+    if not DATA.is_file():  # the shared data beside the repository is not everywhere
+        fake = tmp / "train.json"
+        fake.write_text(json.dumps([{"problem": "1 + 1?", "answer": "2"}]))
+        env["DATA"] = str(fake)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _run(script: str, env: dict, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPTS / f"{script}.sh"), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -------------------------------------------------------------------- lints
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
+def test_shellcheck(path):
+    proc = subprocess.run([str(BIN / "shellcheck"), "--external-sources", str(path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint():
+    proc = subprocess.run([str(BIN / "hadolint"), "--no-color", "dockerfile/Dockerfile"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_scripts_are_executable_and_strict():
+    for path in SCRIPTS.glob("*.sh"):
+        if path.name == "common.sh":
+            assert not os.access(path, os.X_OK), "common.sh is sourced, never run"
+            continue
+        assert os.access(path, os.X_OK), path
+        assert "set -euo pipefail" in path.read_text(), path
+
+
+def test_image_pins_match_the_requirements():
+    dockerfile = (ROOT / "dockerfile/Dockerfile").read_text()
+    torch = re.search(r"^torch==(\S+)", (ROOT / "requirements/constraints.txt").read_text(), re.M).group(1)
+    flash = re.search(r"^flash-attn==(\S+)", (ROOT / "requirements/gpu.txt").read_text(), re.M).group(1)
+    assert f"torch=={torch}" in dockerfile and f"flash-attn=={flash}" in dockerfile
+    assert "python3.11" in dockerfile and "USER 1000" in dockerfile
+    assert "requirements/gpu.txt" in dockerfile and "pip install --no-deps -e ." in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and "runs" in ignored  # the build context stays small
+
+
+# -------------------------------------------------------------------- dry runs
+
+# (script, environment): every script at the default 1.7B / 8 GPUs, then other GPU counts and scales.
+DRY_RUNS = [(s, {}) for s in TRAINING] + [
+    ("train_grpo", {"NUM_GPUS": 4}),
+    ("train_grpo_replay", {"NUM_GPUS": 4}),
+    ("train_grpo_replay", {"NUM_NODES": 2, "NUM_GPUS": 8}),
+    ("train_grpo_replay", {"MODEL": "Qwen/Qwen3-0.6B-Base", "NUM_GPUS": 2}),
+    ("train_grpo_replay", {"MODEL": "Qwen/Qwen3-4B-Base"}),
+    ("eval", {}),
+    ("eval", {"CONDITION": "grpo_replay"}),
+    ("eval", {"CONDITION": "grpo_replay", "SWEEP": 1}),
+    ("compare", {}),
+]
+REFUSED = ("train_grpo", {"NUM_GPUS": 3})  # 256 rollouts do not split into micro-batches of 4 over 3 GPUs
+
+
+def _case_id(case):
+    script, env = case
+    return script + "".join(f"-{k}={v}" for k, v in env.items())
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory):
+    """Every dry run of DRY_RUNS (and REFUSED), three at a time: each imports the real launcher stack
+    (~10 s of CPU)."""
+    tmp = tmp_path_factory.mktemp("dry")
+
+    def one(case):
+        script, extra = case
+        return _run(script, _env(tmp, DRY_RUN=1, **extra))
+
+    cases = DRY_RUNS + [REFUSED]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(zip(map(_case_id, cases), pool.map(one, cases)))
+    results["runs_dir"] = tmp / "runs"
+    return results
+
+
+@pytest.mark.parametrize("case", DRY_RUNS, ids=_case_id)
+def test_dry_run_validates_the_exact_command(dry_runs, case):
+    script, extra = case
+    proc = dry_runs[_case_id(case)]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    command = next(line for line in proc.stdout.splitlines() if line.startswith(f"{script}: command: "))
+    module = {"train_grpo": "openrlhf.cli.train_ppo_ray", "eval": "evaluation", "compare": "evaluation"}.get(
+        script, "openrlhf_replay.cli.train_ppo_ray")
+    assert f" -m {module} " in command
+    assert re.search(r"^validate: OK .* -m " + re.escape(module), proc.stdout, re.M), proc.stdout[-2000:]
+    if script.startswith("train_"):
+        gpus = int(extra.get("NUM_NODES", 1)) * int(extra.get("NUM_GPUS", 8))
+        assert f"--vllm.num_engines {gpus} " in command
+        assert f"x {gpus} GPUs x " in proc.stdout  # the validator's batch summary
+        assert "1024 fresh rollouts per step" in proc.stdout
+    if script == "train_grpo_replay" and not extra:
+        assert "512 replayed + 1024 fresh rollouts per step after step 20" in proc.stdout
+
+
+def test_dry_runs_write_nothing(dry_runs):
+    assert not dry_runs["runs_dir"].exists()
+
+
+def test_dry_run_sizes_micro_batches_by_model_scale(dry_runs):
+    def micro(case_id):
+        out = dry_runs[case_id].stdout
+        return (re.search(r"^MICRO_TRAIN_BATCH=(\d+)", out, re.M).group(1),
+                re.search(r"^MICRO_ROLLOUT_BATCH=(\d+)", out, re.M).group(1))
+
+    assert micro("train_grpo_replay") == ("4", "8")
+    assert micro("train_grpo_replay-MODEL=Qwen/Qwen3-4B-Base") == ("2", "4")
+    assert micro("train_grpo_replay-MODEL=Qwen/Qwen3-0.6B-Base-NUM_GPUS=2") == ("8", "16")
+
+
+def test_dry_run_refuses_a_gpu_count_the_batches_do_not_split_over(dry_runs):
+    proc = dry_runs[_case_id(REFUSED)]
+    assert proc.returncode != 0
+    assert "validate: INVALID" in proc.stderr
+    assert "multiple of train.micro_batch_size x GPUs = 4 x 3 = 12" in proc.stderr
+
+
+def test_bad_settings_fail_before_python(tmp_path):
+    proc = _run("train_grpo_replay", _env(tmp_path, DRY_RUN=1, NUM_GPUS="eight"))
+    assert proc.returncode != 0 and "NUM_GPUS=eight: must be an integer >= 1" in proc.stderr
+    proc = _run("eval", _env(tmp_path, DRY_RUN=1, CHECKPOINT="x", SWEEP=1))
+    assert proc.returncode != 0 and "SWEEP=1 takes RUN_DIR or CONDITION" in proc.stderr
+
+
+# -------------------------------------------------------------------- the real launch path, without training
+
+STUB = """#!{python}
+# Stands in for python: records its arguments (one JSON line), writes the validator's JSON,
+# fails when STUB_FAIL is set (the validator call excepted).
+import json, os, sys
+argv = sys.argv[1:]
+with open(os.environ["STUB_LOG"], "a") as log:
+    log.write(json.dumps(argv) + "\\n")
+print("stub:", " ".join(argv[:2]))
+if "--resolved-json" in argv:
+    open(argv[argv.index("--resolved-json") + 1], "w").write("{{}}")
+elif os.environ.get("STUB_FAIL"):
+    sys.exit(1)
+"""
+
+
+@pytest.fixture
+def stub(tmp_path):
+    path = tmp_path / "bin/python"
+    path.parent.mkdir()
+    path.write_text(STUB.format(python=sys.executable))
+    path.chmod(0o755)
+    log = tmp_path / "argv.jsonl"
+
+    def env(**extra):
+        return _env(tmp_path, PYTHON=path, STUB_LOG=log, **extra)
+
+    def calls():
+        lines = log.read_text().splitlines() if log.exists() else []
+        log.unlink(missing_ok=True)
+        return [json.loads(line) for line in lines]
+
+    env.calls = calls
+    env.path = path
+    return env
+
+
+def _flags(argv: list[str]) -> dict[str, list[str]]:
+    """`[-m module] --flag v1 v2 --switch` -> {"--flag": ["v1", "v2"], "--switch": []}."""
+    flags, current = {}, None
+    for word in argv:
+        if word.startswith("--"):
+            current = flags.setdefault(word, [])
+        elif current is not None:
+            current.append(word)
+    return flags
+
+
+def _training_argv(stub, script: str) -> list[str]:
+    proc = _run(script, stub())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    validator, command = stub.calls()
+    assert validator[:2] == ["-m", "openrlhf_replay.cli.validate"]
+    assert validator[validator.index("--") + 1:] == [str(stub.path), *command]  # it checked the very command
+    return command
+
+
+def test_every_condition_shares_the_baseline_settings(stub):
+    commands = {script: _training_argv(stub, script) for script in TRAINING}
+    baseline = commands["train_grpo"]
+    assert baseline[:2] == ["-m", "openrlhf.cli.train_ppo_ray"]
+    flags = _flags(baseline)
+    method = {
+        "--algo.advantage.estimator": ["group_norm"], "--rollout.n_samples_per_prompt": ["8"],
+        "--rollout.batch_size": ["128"], "--train.batch_size": ["256"], "--actor.eps_clip_low_high": ["0.2", "0.28"],
+        "--actor.dual_clip": ["10"], "--actor.loss_agg_mode": ["token-mean"], "--actor.adam.lr": ["1e-6"],
+        "--actor.adam.weight_decay": ["0.01"], "--actor.max_norm": ["1.0"], "--train.max_epochs": ["1"],
+        "--algo.kl.init_coef": ["0"], "--actor.model_name_or_path": ["Qwen/Qwen3-1.7B-Base"],
+        "--actor.num_gpus_per_node": ["8"], "--vllm.num_engines": ["8"], "--train.colocate_all": [],
+    }
+    for flag, values in method.items():
+        assert flags[flag] == values, flag
+    assert flags["--reward.remote_url"] == [str(ROOT / "evaluation/reward.py")]
+    for script, argv in commands.items():
+        if script == "train_grpo":
+            continue
+        assert argv[:2] == ["-m", "openrlhf_replay.cli.train_ppo_ray"]
+        condition = script.removeprefix("train_")
+        ours = {k: v for k, v in _flags(argv).items() if not k.startswith("--replay.")}
+        theirs = {k: [w.replace("/grpo_seed42/", f"/{condition}_seed42/") for w in v] for k, v in flags.items()}
+        assert ours == theirs, script  # only the replay flags and the output directory differ
+    replay = _flags(commands["train_grpo_replay"])
+    for flag, value in {"--replay.mode": "advantage", "--replay.max_age": "10", "--replay.ratio": "0.5",
+                        "--replay.alpha": "0.5", "--replay.warmup": "20", "--replay.capacity": "30000"}.items():
+        assert replay[flag] == [value], flag
+    modes = {s: _flags(a)["--replay.mode"] for s, a in commands.items() if s != "train_grpo"}
+    assert modes == {"train_grpo_replay": ["advantage"], "train_grpo_naive_replay": ["naive"],
+                     "train_grpo_uniform_replay": ["uniform"], "train_grpo_freshness_replay": ["freshness"],
+                     "train_grpo_success_replay": ["success"]}
+
+
+def test_training_prompt_renders_as_the_evaluation_plain_template(stub):
+    from evaluation.prompting import PLAIN_TEMPLATE, PLACEHOLDER
+
+    template = _flags(_training_argv(stub, "train_grpo"))["--data.input_template"][0]
+    problem = r"Find $\frac{1}{2} + x$ if {x} = 3."
+    assert template.format(problem) == PLAIN_TEMPLATE.replace(PLACEHOLDER, problem)  # what OpenRLHF does
+
+
+def test_a_run_records_itself_marks_done_and_is_never_overwritten(stub):
+    out = Path(stub()["RUNS_DIR"]) / "Qwen3-1.7B-Base/grpo_replay_seed42"
+    proc = _run("train_grpo_replay", stub(), "--logger.wandb.project", "x y")
+    assert proc.returncode == 0, proc.stderr
+    command = stub.calls()[1]
+    assert {p.name for p in out.iterdir()} >= {"command.sh", "settings.env", "resolved_args.json", "train.log", "DONE"}
+    assert "stub: -m openrlhf_replay.cli.train_ppo_ray" in (out / "train.log").read_text()
+    settings = dict(line.split("=", 1) for line in (out / "settings.env").read_text().splitlines())
+    assert settings["NUM_GPUS"] == "8" and settings["MICRO_TRAIN_BATCH"] == "4" and "GIT_COMMIT" in settings
+    # command.sh reruns exactly the same argv (the template's newlines and quotes included)
+    assert subprocess.run(["bash", str(out / "command.sh")], env=stub(), capture_output=True).returncode == 0
+    assert stub.calls() == [command]
+    again = _run("train_grpo_replay", stub(), "--logger.wandb.project", "x y")
+    assert again.returncode != 0 and "holds a finished run" in again.stderr
+    assert stub.calls() == []  # refused before anything ran
+    dry = _run("train_grpo_replay", stub(DRY_RUN=1))
+    assert dry.returncode != 0 and "holds a finished run" in dry.stderr
+
+
+def test_a_failed_run_is_not_done_and_resumes_only_with_its_own_command(stub):
+    out = Path(stub()["RUNS_DIR"]) / "Qwen3-1.7B-Base/grpo_seed42"
+    failed = _run("train_grpo", stub(STUB_FAIL=1))
+    assert failed.returncode != 0 and not (out / "DONE").exists() and (out / "command.sh").exists()
+    other = _run("train_grpo", stub(), "--actor.adam.lr", "2e-6")
+    assert other.returncode != 0 and "unfinished run of another command" in other.stderr
+    stub.calls()
+    resumed = _run("train_grpo", stub())
+    assert resumed.returncode == 0 and (out / "DONE").exists()
+    assert "--ckpt.load_enable" in stub.calls()[1]  # a rerun resumes from the last checkpoint
+
+
+def test_eval_names_its_output_after_the_run_and_marks_done(stub, tmp_path):
+    run_dir = tmp_path / "runs/Qwen3-1.7B-Base/grpo_seed42"
+    proc = _run("eval", stub(CHECKPOINT=run_dir / "model"))
+    assert proc.returncode == 0, proc.stderr
+    argv = stub.calls()[0]
+    assert argv[:3] == ["-m", "evaluation", "run"]
+    flags = _flags(argv[3:])
+    out = Path(flags["--output-dir"][0])
+    assert out == tmp_path / "runs/Qwen3-1.7B-Base/eval/grpo_seed42"  # the row label in compare's table
+    assert flags["--prompt-template"] == ["plain"] and flags["--max-new-tokens"] == ["3072"]
+    assert (out / "DONE").exists() and (out / "eval_command.sh").exists()
+    assert _run("eval", stub(CHECKPOINT=run_dir / "model")).returncode != 0
+
+
+def test_a_sweep_of_a_run_still_training_is_not_done(stub, tmp_path):
+    proc = _run("eval", stub(CONDITION="grpo_replay", SWEEP=1))
+    assert proc.returncode == 0, proc.stderr
+    argv = stub.calls()[0]
+    assert argv[:3] == ["-m", "evaluation", "sweep"]
+    assert _flags(argv[3:])["--checkpoints"] == [str(tmp_path / "runs/Qwen3-1.7B-Base/grpo_replay_seed42/ckpt")]
+    assert not (tmp_path / "runs/Qwen3-1.7B-Base/sweep/grpo_replay_seed42/DONE").exists()
+
+
+def test_compare_takes_the_finished_evaluations_grpo_first(stub, tmp_path):
+    eval_root = tmp_path / "runs/Qwen3-1.7B-Base/eval"
+    assert _run("compare", stub()).returncode != 0  # nothing evaluated: nothing to compare
+    for name in ("grpo_seed42", "Qwen3-1.7B-Base", "grpo_replay_seed42", "grpo_naive_replay_seed42"):
+        (eval_root / name).mkdir(parents=True)
+        (eval_root / name / "summary.json").write_text("{}")
+    proc = _run("compare", stub())
+    assert proc.returncode == 0, proc.stderr
+    flags = _flags(stub.calls()[0][3:])
+    assert flags["--baseline"] == [str(eval_root / "grpo_seed42")]
+    assert flags["--runs"] == [str(eval_root / n) for n in ("Qwen3-1.7B-Base", "grpo_replay_seed42",
+                                                             "grpo_naive_replay_seed42")]
+    assert "left out" in proc.stderr and "grpo_uniform_replay_seed42" in proc.stderr
+
+
+def test_the_image_entry_point_runs_a_script_or_a_command(tmp_path):
+    entry = ROOT / "dockerfile/entrypoint.sh"
+    listing = subprocess.run(["bash", str(entry)], capture_output=True, text=True)
+    names = {p.stem for p in SCRIPTS.glob("*.sh")} - {"common"}
+    assert listing.returncode == 0 and names <= set(listing.stdout.split())
+    proc = subprocess.run(["bash", str(entry), "compare.sh"], env=_env(tmp_path, DRY_RUN=1), cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "validate: OK" in proc.stdout, proc.stderr
+    assert subprocess.run(["bash", str(entry), "echo", "hi"], capture_output=True, text=True).stdout == "hi\n"
+
+
+# -------------------------------------------------------------------- the validator, in process
+
+BASE = ["--actor.model_name_or_path", "Qwen/Qwen3-1.7B-Base", "--algo.advantage.estimator", "group_norm",
+        "--algo.kl.init_coef", "0", "--rollout.n_samples_per_prompt", "8", "--rollout.batch_size", "128",
+        "--rollout.micro_batch_size", "8", "--train.batch_size", "256", "--train.micro_batch_size", "4",
+        "--train.colocate_all", "--vllm.num_engines", "8", "--data.prompt_dataset", str(DATA),
+        "--reward.remote_url", str(ROOT / "evaluation/reward.py")]
+
+
+@pytest.fixture(scope="module")
+def validate():
+    if not DATA.is_file():
+        pytest.skip(f"{DATA} is not here")
+    from openrlhf_replay.cli import validate as module
+
+    return module
+
+
+@pytest.mark.parametrize("module", ["openrlhf.cli.train_ppo_ray", "openrlhf_replay.cli.train_ppo_ray"])
+def test_validator_accepts_a_valid_command_and_never_starts_ray(validate, module):
+    import ray
+
+    before = os.environ.get(validate.DEVICE_ENV)
+    replay = ["--replay.mode", "advantage"] if module == validate.REPLAY_CLI else []
+    report = validate.validate(["python", "-m", module, *BASE, *replay])
+    assert not ray.is_initialized()
+    assert os.environ.get(validate.DEVICE_ENV) == before  # the platform choice does not leak
+    assert report.settings["rollout"]["vllm_generate_batch_size"] == 128  # after upstream's own rewrite
+    assert any("rollout.vllm_generate_batch_size" in n for n in report.notes)
+    assert "1024 fresh rollouts per step" in report.summary
+
+
+@pytest.mark.parametrize("extra, module, fragment", [
+    (["--replay.moed", "advantage"], "openrlhf_replay.cli.train_ppo_ray", "unrecognized arguments: --replay.moed"),
+    (["--actor.dual_clip", "ten"], "openrlhf.cli.train_ppo_ray", "invalid float value: 'ten'"),
+    (["--replay.mode", "advantage", "--algo.kl.init_coef", "0.01"], "openrlhf_replay.cli.train_ppo_ray",
+     "KL must be off"),
+    (["--replay.mode", "advantage", "--train.batch_size", "384"], "openrlhf_replay.cli.train_ppo_ray",
+     "not a whole number of --train.batch_size 384 batches"),
+    (["--rollout.n_samples_per_prompt", "1"], "openrlhf.cli.train_ppo_ray", "upstream check: group_norm requires"),
+    (["--vllm.num_engines", "4"], "openrlhf.cli.train_ppo_ray", "must equal vllm.num_engines x tensor_parallel_size"),
+    (["--train.micro_batch_size", "3"], "openrlhf.cli.train_ppo_ray", "multiple of train.micro_batch_size x GPUs"),
+    (["--actor.lr_scheduler", "cosine_min_lr"], "openrlhf.cli.train_ppo_ray", "not a transformers scheduler"),
+    (["--data.prompt_dataset", "/nonexistent/train.jsonl"], "openrlhf.cli.train_ppo_ray", "no such file"),
+    (["--reward.remote_url", "/nonexistent/reward.py"], "openrlhf.cli.train_ppo_ray", "no such reward file"),
+])
+def test_validator_refuses_what_would_fail_later(validate, extra, module, fragment):
+    with pytest.raises(validate.Invalid) as caught:
+        validate.validate(["python", "-m", module, *BASE, *extra])
+    assert any(fragment in e for e in caught.value.errors), caught.value.errors
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["run", "--model", "m", "--output-dir", "o", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["run", "--model", "m", "--output-dir", "o", "--benchmarks", "math501"], "unknown benchmark(s) math501"),
+    (["run", "--model", "m", "--output-dir", "o", "--prompt-template", "/no/such.txt"], "not an existing file"),
+    (["run", "--model", "m"], "the following arguments are required: --output-dir"),
+    (["sweep", "--model", "m", "--checkpoints", "c", "--output-dir", "o"], "unrecognized arguments: --model"),
+])
+def test_validator_checks_evaluation_commands(argv, fragment):
+    from openrlhf_replay.cli import validate
+
+    with pytest.raises(validate.Invalid) as caught:
+        validate.validate(["python", "-m", "evaluation", *argv])
+    assert any(fragment in e for e in caught.value.errors), caught.value.errors
+    ok = validate.validate(["python", "-m", "evaluation", "compare", "--baseline", "a", "--runs", "b", "c"])
+    assert "compare 2 run(s) against a" in ok.summary and len(ok.notes) == 3
+
+
+def test_validator_cli_exit_status_and_messages(tmp_path):
+    def cli(*argv):
+        return subprocess.run([sys.executable, "-m", "openrlhf_replay.cli.validate", *argv], cwd=ROOT,
+                              capture_output=True, text=True)
+
+    out = tmp_path / "resolved.json"
+    ok = cli("--resolved-json", str(out), "--", "python", "-m", "evaluation", "run", "--model", "m", "--output-dir", "o")
+    assert ok.returncode == 0 and "validate: OK" in ok.stdout
+    assert json.loads(out.read_text())["n_samples"] == 1
+    bad = cli("--", "python", "script.py")
+    assert bad.returncode == 1 and "not a `python -m <module> ...` command" in bad.stderr
+    unknown = cli("--", "python", "-m", "json.tool")
+    assert unknown.returncode == 1 and "unknown module json.tool" in unknown.stderr
