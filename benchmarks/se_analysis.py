@@ -117,6 +117,18 @@ def reward_curve(run: Mapping, unit_s: float, axis: str) -> tuple[np.ndarray, np
     return axes[axis][1:], np.array([s["reward"] for s in steps], dtype=float)
 
 
+def trailing_mean(y: Sequence[float], window: int) -> np.ndarray:
+    """Mean of the last `window` values at each point (fewer at the start): smooths a per-step
+    training reward, which is noisy (128 binary rewards per step), for plotting only."""
+    y = np.asarray(y, dtype=float)
+    if window < 1:
+        raise ValueError(f"window={window}: must be >= 1")
+    csum = np.concatenate([[0.0], np.cumsum(y)])
+    idx = np.arange(1, len(y) + 1)
+    start = np.maximum(idx - window, 0)
+    return (csum[idx] - csum[start]) / (idx - start)
+
+
 def aggregate(curves: Sequence[tuple[np.ndarray, np.ndarray]], grid: np.ndarray | None = None) -> dict:
     """Median / IQR over runs' (x, y) curves: on their shared x when all x are equal, else on `grid`
     (default: 50 points from 0 to the smallest run's last x, so every run covers the grid)."""

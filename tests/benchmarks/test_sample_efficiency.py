@@ -94,6 +94,13 @@ def test_aggregate_different_x_interpolates_within_the_shortest_run():
     assert agg["median"][-1] == pytest.approx((1.0 + 0.5) / 2)
 
 
+def test_trailing_mean():
+    assert sa.trailing_mean([1.0, 3.0, 5.0, 7.0], 2).tolist() == [1.0, 2.0, 4.0, 6.0]
+    assert sa.trailing_mean([2.0, 4.0], 5).tolist() == [2.0, 3.0]
+    with pytest.raises(ValueError):
+        sa.trailing_mean([1.0], 0)
+
+
 def test_first_reach():
     assert sa.first_reach([0, 1, 2, 3], [0.1, 0.5, 0.4, 0.9], 0.45) == 1
     assert sa.first_reach([0, 1], [0.1, 0.2], 0.5) is None
