@@ -22,7 +22,13 @@ fi
 command -v "$python" >/dev/null || { echo "setup_env: $python not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
 echo "setup_env: building $venv (a few minutes the first time)"
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip=(quiet_pip install --quiet --disable-pip-version-check)
+# This machine's pip configuration lists local package indexes that lack most names; pip warns
+# once per missing name. The warnings say nothing about this install, so they are dropped.
+quiet_pip() {
+  "$venv/bin/python" -m pip "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+  return "${PIPESTATUS[0]}"
+}
 # CPU torch first and alone; the constraint keeps every later step from replacing it.
 "${pip[@]}" torch==2.13.0
 if [ $relock = 1 ]; then
