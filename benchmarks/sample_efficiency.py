@@ -94,6 +94,8 @@ class Args:
     """A run that takes longer is killed and reported as failed."""
     analyse_only: bool = False
     """Skip training: summarise and plot the finished runs in out_dir."""
+    finalize: str = ""
+    """`<condition>_seed<N>`: grade and record that run's existing training (no retraining), then exit."""
 
     def __post_init__(self) -> None:
         self.out_dir = Path(self.out_dir)
@@ -196,19 +198,41 @@ def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_di
     ]
 
 
-_STEP_LINE = re.compile(r"Global step (\d+): (\{.*\})\s*$")
+_STEP_LINE = re.compile(r"Global step (\d+): (\{.*)$")
+_RAY_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\(([^)]*pid=\d+)\)(?:\x1b\[0m)? ?")
+
+
+def _status(text: str):
+    try:
+        return eval(text, {"__builtins__": {}}, {"nan": math.nan, "inf": math.inf})  # our own log
+    except (SyntaxError, NameError, ValueError, TypeError):
+        return None
 
 
 def parse_step_logs(log_text: str) -> list[dict]:
-    """Upstream's per-step status dicts (`✨ Global step N: {...}`), last occurrence per step."""
+    """Upstream's per-step status dicts (`✨ Global step N: {...}`), last occurrence per step.
+
+    Ray's log forwarding sometimes splits a long line: the rest comes a few lines later with the
+    same `(actor pid=N)` prefix, after other output (progress bars). Such a line is completed by
+    appending the following lines of that actor, prefix removed, until the dict parses.
+    """
+    lines = log_text.splitlines()
     steps = {}
-    for line in log_text.splitlines():
+    for i, line in enumerate(lines):
         m = _STEP_LINE.search(line)
-        if m:
-            try:
-                status = eval(m[2], {"__builtins__": {}}, {"nan": math.nan, "inf": math.inf})  # our own log
-            except (SyntaxError, NameError, ValueError):
+        if not m:
+            continue
+        text, status = m[2].rstrip(), _status(m[2].rstrip())
+        prefix = _RAY_PREFIX.match(line)
+        for follow in lines[i + 1:i + 12] if status is None and prefix else ():
+            p = _RAY_PREFIX.match(follow)
+            if p is None or p[1] != prefix[1]:
                 continue
+            text += follow[p.end():].rstrip()
+            status = _status(text)
+            if status is not None:
+                break
+        if isinstance(status, dict):
             steps[int(m[1])] = status
     return [{"step": k, **steps[k]} for k in sorted(steps)]
 
@@ -254,7 +278,15 @@ def run_one(a: Args, cond: str, seed: int, model: Path, data: Path, heldout, log
                                 timeout=a.run_timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    wall_s = time.perf_counter() - t0
+    return finalize_run(a, cond, seed, run_dir, heldout, rc, time.perf_counter() - t0, log)
+
+
+def finalize_run(a: Args, cond: str, seed: int, run_dir: Path, heldout, rc, wall_s: float, log) -> dict:
+    """Check a trained run's log, grade its checkpoints, write run.json and DONE.
+
+    Also callable on a run whose training finished but whose log an older parser misread:
+    `python benchmarks/sample_efficiency.py --finalize <condition>_seed<N>` (wall time then from
+    the files' times)."""
     statuses = parse_step_logs((run_dir / "train.log").read_text(errors="replace"))
     if rc != 0 or len(statuses) != a.steps:
         raise RuntimeError(f"{run_dir.name}: the launcher exited with {rc} after {len(statuses)}/{a.steps} steps; "
@@ -350,6 +382,13 @@ def main(argv=None) -> dict:
     task = TaskConfig(heldout_size=a.heldout_size)
     heldout, train = split_pairs(task)
     runs = []
+    if a.finalize:
+        cond, seed = a.finalize.rsplit("_seed", 1)
+        run_dir = a.out_dir / "runs" / a.finalize
+        base = evaluate_heldout(a.out_dir / "model", heldout, max_new_tokens=a.max_new_tokens)
+        a._step0_eval = {"accuracy": base.accuracy, "response_tokens": base.mean_response_tokens}
+        wall_s = (run_dir / "train.log").stat().st_mtime - (run_dir / "command.sh").stat().st_mtime
+        return finalize_run(a, cond, int(seed), run_dir, heldout, 0, wall_s, log)
     if not a.analyse_only:
         t0 = time.perf_counter()
         model = warm_start(a.out_dir / "model", task, WarmStartConfig(target_accuracy=a.target_accuracy), log)

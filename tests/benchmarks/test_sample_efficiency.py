@@ -152,3 +152,16 @@ def test_parse_step_logs_reads_upstream_status_lines():
     steps = parse_step_logs(text)
     assert [s["step"] for s in steps] == [1, 2]
     assert steps[1]["reward"] == 0.75 and math.isnan(steps[0]["x"])
+
+
+def test_parse_step_logs_joins_a_line_ray_split():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from sample_efficiency import parse_step_logs
+
+    pre = "\x1b[36m(_ReplayPPOTrainer pid=7)\x1b[0m "
+    text = (pre + "INFO ppo_trainer.py:551] \u2728 Global step 3: {'reward': 0.5, 'replay/size': 12\n"
+            + pre + "Episode [1/1]:  90%|#### | 688/768\n"
+            + "\x1b[36m(Other pid=8)\x1b[0m 99, 'x': 1}\n"
+            + pre + "80.0, 'timing/generation': 1.0}\n")
+    steps = parse_step_logs(text)
+    assert steps == [{"step": 3, "reward": 0.5, "replay/size": 1280.0, "timing/generation": 1.0}]
