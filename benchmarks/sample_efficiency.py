@@ -228,10 +228,12 @@ def parse_step_logs(log_text: str) -> list[dict]:
             p = _RAY_PREFIX.match(follow)
             if p is None or p[1] != prefix[1]:
                 continue
-            text += follow[p.end():].rstrip()
-            status = _status(text)
+            piece = follow[p.end():].rstrip()
+            status = _status(text + piece)
             if status is not None:
                 break
+            if not re.search(r"%\||\bINFO\b|\bWARNING\b", piece):  # not a progress bar or a log record
+                text += piece
         if isinstance(status, dict):
             steps[int(m[1])] = status
     return [{"step": k, **steps[k]} for k in sorted(steps)]
