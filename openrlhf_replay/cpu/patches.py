@@ -1,13 +1,13 @@
 """The run-time adaptations of upstream code that let OpenRLHF 0.11.2 run on a CPU.
 
 Each `patch_<module>` is called once, right after `<module>` is imported, in every process of a
-CPU run (see `_hook.py`). Upstream functions are wrapped or replaced, never copied. Every item
+CPU run (see `_hook.py`). Upstream functions are wrapped or replaced, never copied. Each item
 was needed for a GRPO step (vLLM generation -> reward -> experience -> DeepSpeed training ->
-weight broadcast to vLLM) to run here:
+weight broadcast to vLLM) to run here, except those marked (speed), (safety net), (fail-fast):
 
 - `torch.cuda.set_device`, `synchronize`, `current_stream`: no-ops; `current_device`: the CPU.
   Upstream calls them unguarded (DeepSpeed strategy set-up, barriers, the actor's broadcasts).
-- `deepspeed.comm.torch.build_shm_op`: skipped. It compiles a shared-memory all-reduce op
+- (speed) `deepspeed.comm.torch.build_shm_op`: skipped. It compiles a shared-memory all-reduce op
   (~26 s on first use) that gloo does without.
 - `ray.init`: a new local cluster (never someone else's) that advertises logical GPUs, since
   every upstream actor asks for GPUs, and passes this platform's environment to its workers.
@@ -15,10 +15,11 @@ weight broadcast to vLLM) to run here:
   `stateless_init_torch_distributed_process_group`, which leaves both sides' default groups
   alone) instead of a PyNccl communicator, with a timeout on every broadcast.
 - `openrlhf.utils.deepspeed.deepspeed.get_train_ds_config`: torch's AdamW (DeepSpeed would
-  compile its fused / CPU Adam op); `init_device_mesh("cuda")` -> CPU.
+  compile its CPU Adam op for a minute or two; its fused Adam needs CUDA); (safety net)
+  `init_device_mesh("cuda")` -> CPU.
 - `NaiveReplayBuffer.__init__`: its target device is the CPU (upstream builds `cuda:<n>`).
 - `WorkerWrap.update_weight`: the receive buffer is on the CPU (upstream allocates on `cuda`).
-- `openrlhf.trainer.ray.create_vllm_engines`: waits until each engine has started, so an engine
+- (fail-fast) `openrlhf.trainer.ray.create_vllm_engines`: waits until each engine has started, so an engine
   that fails to start stops the run with its cause instead of leaving the driver waiting.
 - `vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm`: 2-D weights use the live
   weight (`F.linear`). vLLM's CPU backend otherwise packs a private copy after loading and
@@ -43,8 +44,8 @@ SYNC_TIMEOUT_ENV = "OPENRLHF_REPLAY_SYNC_TIMEOUT_S"
 SKIP_WEIGHT_LOAD_ENV = "OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD"
 
 
-def _wraps_once(original, replacement):
-    """`replacement` with `original` kept as `__wrapped__` (tests check that patches are in place)."""
+def _adapted(original, replacement):
+    """`replacement`, marked as this layer's, with `original` kept as `__wrapped__`."""
     functools.update_wrapper(replacement, original)
     replacement.__openrlhf_replay_cpu__ = True
     return replacement
@@ -56,7 +57,7 @@ def _noop_for(original):
     def noop(*args, **kwargs):
         return None
 
-    return _wraps_once(original, noop)
+    return _adapted(original, noop)
 
 
 # ------------------------------------------------------------------------------------ torch
@@ -71,7 +72,7 @@ def patch_torch(torch) -> None:
     def current_device():
         return cpu
 
-    cuda.current_device = _wraps_once(cuda.current_device, current_device)
+    cuda.current_device = _adapted(cuda.current_device, current_device)
 
 
 def patch_deepspeed_comm(comm_torch) -> None:
@@ -104,6 +105,9 @@ def patch_ray(ray) -> None:
             kwargs.setdefault("num_gpus", int(os.environ.get(LOGICAL_GPUS_ENV, "8")))
             kwargs.setdefault("num_cpus", int(os.environ.get(LOGICAL_CPUS_ENV, "8")))
             kwargs.setdefault("include_dashboard", False)
+            # Ray runs workers at nice 15, meant to favour its own processes; here the workers do
+            # all the work, and on a shared machine they would wait behind every other job.
+            os.environ.setdefault("RAY_worker_niceness", "0")
         runtime_env = dict(kwargs.get("runtime_env") or {})
         runtime_env["env_vars"] = {**platform_env(), **dict(runtime_env.get("env_vars") or {})}
         kwargs["runtime_env"] = runtime_env
@@ -117,7 +121,7 @@ def patch_ray(ray) -> None:
                 "`ray start --head --num-gpus 8 --num-cpus 8`, or unset RAY_ADDRESS to start a local one")
         return context
 
-    ray.init = _wraps_once(original, init)
+    ray.init = _adapted(original, init)
 
 
 # ------------------------------------------------------------------------------------ openrlhf
@@ -154,7 +158,7 @@ def patch_distributed_util(module) -> None:
         return GlooBroadcastGroup(master_address, master_port, rank, world_size,
                                   float(os.environ.get(SYNC_TIMEOUT_ENV, "300")))
 
-    module.stateless_init_process_group = _wraps_once(module.stateless_init_process_group,
+    module.stateless_init_process_group = _adapted(module.stateless_init_process_group,
                                                       stateless_init_process_group)
 
 
@@ -173,8 +177,8 @@ def patch_deepspeed_strategy(module) -> None:
     def init_device_mesh(device_type, *args, **kwargs):
         return original_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
-    module.get_train_ds_config = _wraps_once(original_config, get_train_ds_config)
-    module.init_device_mesh = _wraps_once(original_mesh, init_device_mesh)
+    module.get_train_ds_config = _adapted(original_config, get_train_ds_config)
+    module.init_device_mesh = _adapted(original_mesh, init_device_mesh)
 
 
 def patch_replay_buffer(module) -> None:
@@ -194,7 +198,7 @@ def patch_replay_buffer(module) -> None:
             torch.cuda.current_device = current_device
         self.target_device = torch.device("cpu")
 
-    cls.__init__ = _wraps_once(original, __init__)
+    cls.__init__ = _adapted(original, __init__)
 
 
 def patch_vllm_worker_wrap(module) -> None:
@@ -214,7 +218,7 @@ def patch_vllm_worker_wrap(module) -> None:
         if os.environ.get(SKIP_WEIGHT_LOAD_ENV) != "1":
             self.model_runner.model.load_weights(weights=[(name, weight)])
 
-    cls.update_weight = _wraps_once(original, update_weight)
+    cls.update_weight = _adapted(original, update_weight)
 
 
 def patch_trainer_ray(package) -> None:
@@ -240,7 +244,7 @@ def patch_trainer_ray(package) -> None:
         print(f"cpu: vLLM engine(s) ready in {time.monotonic() - t0:.0f} s", flush=True)
         return engines
 
-    package.create_vllm_engines = _wraps_once(original, create_vllm_engines)
+    package.create_vllm_engines = _adapted(original, create_vllm_engines)
 
 
 def _root_cause(error: BaseException) -> str:
@@ -264,4 +268,4 @@ def patch_vllm_layer_utils(module) -> None:
             return None
         return original(layer, remove_weight)
 
-    module.dispatch_cpu_unquantized_gemm = _wraps_once(original, dispatch_cpu_unquantized_gemm)
+    module.dispatch_cpu_unquantized_gemm = _adapted(original, dispatch_cpu_unquantized_gemm)
