@@ -156,7 +156,8 @@ def _gold_olympiadbench(row: dict) -> str:
     return ", ".join(parts)
 
 
-def _gold_gsm8k(row: dict) -> str:
+def gsm8k_gold(row: dict) -> str:
+    """GSM8K's gold answer: the text after the last `####`, thousands separators removed."""
     answer = _text(_field(row, "answer"), "answer")
     if "####" not in answer:
         raise _RowError("'answer' has no '####' marker")
@@ -186,7 +187,7 @@ _SPECS: dict[str, _Spec] = {
     "amc23": _Spec(("problem", "question"), ("id",), _gold_answer_field),
     "minerva_math": _Spec(("problem", "question"), ("idx", "id"), _gold_minerva),
     "olympiadbench": _Spec(("question", "problem"), ("id",), _gold_olympiadbench),
-    "gsm8k": _Spec(("question",), (), _gold_gsm8k),
+    "gsm8k": _Spec(("question",), (), gsm8k_gold),
 }
 
 
