@@ -11,7 +11,7 @@ generation). Then `se_analysis.summarize` turns the records into the summary, an
 held-out accuracy and training reward against steps, generated rollouts and compute units
 (median and IQR over seeds).
 
-    python benchmarks/sample_efficiency.py                 # 5 conditions x 3 seeds
+    python benchmarks/sample_efficiency.py                 # 6 conditions x 3 seeds
     python benchmarks/sample_efficiency.py --quick         # none, naive, advantage x 1 seed, 6 steps
     python benchmarks/sample_efficiency.py --analyse-only  # re-plot from finished runs
 
@@ -44,7 +44,11 @@ import se_analysis  # noqa: E402
 from se_task import (PROMPT_TEMPLATE, TaskConfig, WarmStartConfig, evaluate_heldout,  # noqa: E402
                      split_pairs, warm_start, write_prompt_file)
 
-CONDITIONS = ("none", "naive", "uniform", "advantage", "freshness")
+CONDITIONS = ("none", "naive", "uniform", "advantage", "freshness", "none_2epochs")
+# The more-updates control: GRPO training each fresh batch twice, 4 optimizer steps per step where
+# the replay conditions take 3 (2 fresh + 1 replayed) and GRPO 2. If replay beats it too, the gain
+# is not only from taking more gradient steps per generated rollout.
+EPOCHS = {"none_2epochs": 2}
 
 
 @dataclass
@@ -57,7 +61,8 @@ class Args:
     """One seed, 6 steps, and (unless --conditions is given) only none, naive, advantage: the
     smoke test of the whole sweep, under 10 minutes here."""
     conditions: str = ",".join(CONDITIONS)
-    """Comma-separated replay modes; `none` (GRPO) is the baseline and must be among them."""
+    """Comma-separated conditions: replay modes, and `none_2epochs` (GRPO with 2 epochs per batch,
+    the more-updates control); `none` (GRPO) is the baseline and must be among them."""
     seeds: int = 3
     """Seeds per condition (1 with --quick)."""
     steps: int = 48
@@ -156,6 +161,7 @@ def condition_flags(cond: str, a: Args) -> list[str]:
     shared = ["--replay.ratio", str(a.replay_ratio), "--replay.warmup", str(a.replay_warmup)]
     return {
         "none": ["--replay.mode", "none"],
+        "none_2epochs": ["--replay.mode", "none"],
         "naive": ["--replay.mode", "naive", "--replay.capacity", str(a.naive_capacity), *shared],
         "uniform": ["--replay.mode", "uniform", "--replay.max_age", str(a.replay_max_age), *shared],
         "advantage": ["--replay.mode", "advantage", "--replay.max_age", str(a.replay_max_age),
@@ -180,7 +186,7 @@ def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_di
         "--rollout.n_samples_per_prompt", str(a.group_size), "--rollout.batch_size", str(a.prompts_per_step),
         "--rollout.micro_batch_size", "64", "--rollout.temperature", "1.0", "--rollout.top_p", "1.0",
         "--train.batch_size", str(a.train_batch), "--train.micro_batch_size", str(a.train_batch),
-        "--train.max_epochs", "1", "--train.num_episodes", "1", "--train.seed", str(seed),
+        "--train.max_epochs", str(EPOCHS.get(cond, 1)), "--train.num_episodes", "1", "--train.seed", str(seed),
         "--actor.policy_loss_type", "ppo", "--actor.eps_clip_low_high", "0.2", "0.28",
         "--actor.dual_clip", "10", "--actor.loss_agg_mode", "token-mean",
         "--actor.adam.lr", str(a.lr), "--actor.adam.weight_decay", "0.01", "--actor.max_norm", "1.0",
@@ -239,8 +245,8 @@ def parse_step_logs(log_text: str) -> list[dict]:
     return [{"step": k, **steps[k]} for k in sorted(steps)]
 
 
-def step_record(status: dict, a: Args) -> dict:
-    """The fields the analysis uses from one upstream status dict."""
+def step_record(status: dict, a: Args, epochs: int = 1) -> dict:
+    """The fields the analysis uses from one upstream status dict (`epochs` passes per batch)."""
     fresh = status.get("rollout/num_samples", a.rollouts_per_step)
     replayed = status.get("replay/replayed", status.get("replay/replayed_rollouts", 0.0)) or 0.0
     return {
@@ -253,7 +259,7 @@ def step_record(status: dict, a: Args) -> dict:
         "broadcast_s": status["timing/broadcast"],
         "fresh_rollouts": fresh,
         "replayed_rollouts": replayed,
-        "optimizer_steps": (fresh + replayed) / a.train_batch,
+        "optimizer_steps": epochs * (fresh + replayed) / a.train_batch,
         "replay": {k: v for k, v in status.items() if k.startswith("replay/") and isinstance(v, (int, float))},
     }
 
@@ -303,7 +309,7 @@ def finalize_run(a: Args, cond: str, seed: int, run_dir: Path, heldout, rc, wall
     record = {"condition": cond, "seed": seed, "rollouts_per_step": a.rollouts_per_step,
               "wall_s": wall_s, "eval_s": time.perf_counter() - t1,
               "startup_s": wall_s - sum(s["timing/step_total"] for s in statuses),
-              "steps": [step_record(s, a) for s in statuses], "evals": evals}
+              "steps": [step_record(s, a, EPOCHS.get(cond, 1)) for s in statuses], "evals": evals}
     (run_dir / "run.json").write_text(json.dumps(record, indent=1))
     (run_dir / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     log(f"{run_dir.name}: done in {wall_s:.0f} s (+{record['eval_s']:.0f} s eval); held-out acc "
@@ -320,7 +326,7 @@ def _quote(word: str) -> str:
 REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
 COLOURS = {"none": "black", "naive": "tab:orange", "uniform": "tab:blue", "advantage": "tab:red",
-           "freshness": "tab:green"}
+           "freshness": "tab:green", "none_2epochs": "tab:grey"}
 
 
 def plot(runs: list[dict], summary: dict, path: Path) -> None:

@@ -2,7 +2,7 @@
 # Sample-efficiency lab (issue #7): GRPO vs the replay conditions at the same number of generated
 # rollouts, through the real CPU pipeline, several seeds each; held-out accuracy, training reward,
 # compute units, a summary JSON (last line printed), curves.png and table.md under the output dir.
-#   bash examples/scripts/sample_efficiency.sh            # 5 conditions x 3 seeds
+#   bash examples/scripts/sample_efficiency.sh            # 6 conditions x 3 seeds
 #   bash examples/scripts/sample_efficiency.sh --quick    # none, naive, advantage x 1 seed, 6 steps
 #   bash examples/scripts/sample_efficiency.sh --help     # every setting
 # Rerunning the same command resumes: finished runs (DONE) are kept, unfinished ones redone.

@@ -165,3 +165,19 @@ def test_parse_step_logs_joins_a_line_ray_split():
             + pre + "80.0, 'timing/generation': 1.0}\n")
     steps = parse_step_logs(text)
     assert steps == [{"step": 3, "reward": 0.5, "replay/size": 1280.0, "timing/generation": 1.0}]
+
+
+def test_the_more_updates_control_trains_each_batch_twice_and_counts_its_updates():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import sample_efficiency as se
+
+    a = se.parse_args(["--out-dir", "/tmp/unused"])
+    commands = {c: se.train_command(a, c, 1, Path("m"), Path("d"), Path("r")) for c in ("none", "none_2epochs")}
+    epochs = {c: cmd[cmd.index("--train.max_epochs") + 1] for c, cmd in commands.items()}
+    assert epochs == {"none": "1", "none_2epochs": "2"}
+    assert "--replay.mode" in commands["none_2epochs"] and commands["none_2epochs"].count("--train.max_epochs") == 1
+    status = {"step": 1, "rollout/reward_mean": 0.5, "rollout/response_length_mean": 7.0, "timing/generation": 1.0,
+              "timing/make_experience": 1.0, "timing/ppo_train": 2.0, "timing/broadcast": 0.1,
+              "rollout/num_samples": 128.0}
+    assert se.step_record(status, a)["optimizer_steps"] == 2
+    assert se.step_record(status, a, se.EPOCHS["none_2epochs"])["optimizer_steps"] == 4
