@@ -217,3 +217,16 @@ def test_step_summary_reads_the_logged_metrics():
                             "timing/generation": 20.0, "timing/ppo_train": 18.0, "replay/overhead_s": 0.004}, 4)
     assert line.startswith("step 2/4: reward 0.25, replayed 8 + fresh 16, buffer 12")
     assert "41.3 s" in line and "replay work 0.004" in line
+
+
+def test_preflight_passes_here_and_names_each_problem_with_its_fix(tmp_path, monkeypatch):
+    from openrlhf_replay.cpu import quickstart
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert quickstart.preflight("tiny", tmp_path / "run") == []
+    monkeypatch.setattr(quickstart, "available_memory_gib", lambda: 1.0)  # this machine has 24 GiB
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    problems = quickstart.preflight("smollm2", tmp_path / "run")
+    assert len(problems) == 2
+    assert "1.0 GiB of memory" in problems[0] and "MODEL=tiny" in problems[0]
+    assert "unset it" in problems[1]
