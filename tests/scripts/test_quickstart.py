@@ -1,0 +1,71 @@
+"""The README's first command, `examples/scripts/quickstart_cpu.sh`, run for real with a tiny
+random Qwen3 (SmolLM2 would take several minutes more): the whole path to the results table, and
+a failure inside a Ray worker, which must end with its cause and fix and leave nothing running."""
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples/scripts/quickstart_cpu.sh"
+# Processes a run starts: Ray's services and workers, vLLM's engine, the grader pool.
+RUN_PROCESSES = "raylet|gcs_server|ray::|VLLM|EngineCore|default_worker.py"
+
+
+def _quickstart(tmp: Path, run_dir: Path, **settings) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DATA", "MODEL")}
+    env.update(OPENRLHF_REPLAY_MODEL_CACHE=str(tmp / "models"), RUN_DIR=str(run_dir), STEPS="2",
+               MAX_NEW_TOKENS="16", EVAL_LIMIT="1", EVAL_MAX_NEW_TOKENS="16")
+    env.update(settings)
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+
+
+def _run_processes() -> set[str]:
+    out = subprocess.run(["pgrep", "-af", RUN_PROCESSES], capture_output=True, text=True).stdout
+    return {line for line in out.splitlines() if "pgrep" not in line}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("quickstart")
+    before = _run_processes()
+    proc = _quickstart(tmp, tmp / "run", MODEL="tiny")
+    return {"tmp": tmp, "proc": proc, "run": tmp / "run", "before": before}
+
+
+def test_the_quickstart_trains_checkpoints_evaluates_and_prints_the_table(tiny_run):
+    proc, run = tiny_run["proc"], tiny_run["run"]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "step 1/2" in out and "step 2/2" in out  # per-step progress lines
+    for benchmark in ("math500", "aime24", "amc23", "minerva_math", "olympiadbench"):
+        assert f"| {benchmark} | 1 | 1 |" in out
+    assert "five-benchmark macro average" in out and f"training log      {run}/train.log" in out
+    assert list((run / "checkpoints/_replay").glob("global_step2.npz"))
+    assert (run / "model/config.json").is_file() and (run / "eval/summary.json").is_file()
+
+
+def test_the_quickstart_leaves_no_process_behind(tiny_run):
+    time.sleep(2)
+    assert _run_processes() - tiny_run["before"] == set()
+
+
+def test_a_failure_inside_a_ray_worker_ends_with_its_cause_and_fix(tiny_run):
+    tmp = tiny_run["tmp"]
+    broken = tmp / "broken-model"
+    shutil.copytree(tmp / "models/tiny-qwen3", broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
+    before = _run_processes()
+    proc = _quickstart(tmp, tmp / "broken-run", MODEL=str(broken), EVAL="0")
+    assert proc.returncode != 0
+    assert "quickstart: FAILED: training stopped:" in proc.stderr, proc.stderr[-3000:]
+    assert "fix: the model's files could not be read" in proc.stderr, proc.stderr[-3000:]
+    assert f"full log: {tmp}/broken-run/train.log" in proc.stderr
+    time.sleep(2)
+    assert _run_processes() - before == set()
