@@ -136,8 +136,9 @@ def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -
         if len(rows) == n and not easiest:
             break
         try:
-            rows.append({"prompt": f"{row['question'].strip()}\n{BOXED_INSTRUCTION}", "label": gsm8k_gold(row),
-                         "_difficulty": (len(gsm8k_gold(row)) > 1, len(row["answer"]))})
+            label = gsm8k_gold(row)
+            rows.append({"prompt": f"{row['question'].strip()}\n{BOXED_INSTRUCTION}", "label": label,
+                         "_difficulty": (len(label) > 1, len(row["answer"]))})
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise QuickstartError(f"{where} is not a GSM8K row ({e}); expected JSON with `question` and "
                                   "`answer` ending in '#### <answer>'") from None
