@@ -14,11 +14,17 @@
 #   RUN_DIR  where everything goes (default runs/quickstart_cpu/<date-time>)
 #   STEPS    GRPO steps (default 4)        EVAL_LIMIT  problems per benchmark (default 2)
 #   EVAL=0   skip the evaluation
+#   MAX_NEW_TOKENS (200; 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (256)
 # The training problems are the STEPS x 4 easiest GSM8K problems (single-digit answers, then the
 # shortest reference solutions): the 135M model solves about 1 sample in 12 of those within 200
 # tokens (5 of the 64 samples of a default run), and only a group whose rewards differ has an
 # advantage to train on and to replay.
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -euo/{/^set -euo/d; s/^# \{0,1\}//; p}' "$0"; exit 0 ;;
+  *) echo "quickstart_cpu.sh takes no arguments (settings are environment variables; see --help)" >&2; exit 2 ;;
+esac
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 MODEL=${MODEL:-smollm2}

@@ -69,3 +69,12 @@ def test_a_failure_inside_a_ray_worker_ends_with_its_cause_and_fix(tiny_run):
     assert f"full log: {tmp}/broken-run/train.log" in proc.stderr
     time.sleep(2)
     assert _run_processes() - before == set()
+
+
+def test_help_lists_the_settings_and_arguments_are_refused():
+    shown = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
+    assert shown.returncode == 0
+    for setting in ("MODEL", "DATA", "RUN_DIR", "STEPS", "EVAL_LIMIT", "MAX_NEW_TOKENS", "TEMPERATURE"):
+        assert f"  {setting}" in shown.stdout or f" {setting} (" in shown.stdout, setting
+    refused = subprocess.run(["bash", str(SCRIPT), "--steps", "3"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "environment variables" in refused.stderr
