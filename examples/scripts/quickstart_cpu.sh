@@ -140,5 +140,6 @@ cat <<EOF
   training log      $RUN_DIR/train.log  (TensorBoard: $RUN_DIR/tensorboard)
   checkpoint        $RUN_DIR/checkpoints  (DeepSpeed state in _actor/, replay buffer in _replay/)
   trained model     $RUN_DIR/model
-  evaluation        $RUN_DIR/eval  (report.md, summary.json, samples.jsonl; log: $RUN_DIR/eval.log)
 EOF
+[ "$EVAL" != 1 ] ||
+  echo "  evaluation        $RUN_DIR/eval  (report.md, summary.json, samples.jsonl; log: $RUN_DIR/eval.log)"

@@ -3,6 +3,7 @@ random Qwen3 (SmolLM2 would take several minutes more): the whole path to the re
 a failure inside a Ray worker, which must end with its cause and fix and leave nothing running."""
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -67,6 +68,27 @@ def test_a_failure_inside_a_ray_worker_ends_with_its_cause_and_fix(tiny_run):
     assert "quickstart: FAILED: training stopped:" in proc.stderr, proc.stderr[-3000:]
     assert "fix: the model's files could not be read" in proc.stderr, proc.stderr[-3000:]
     assert f"full log: {tmp}/broken-run/train.log" in proc.stderr
+    time.sleep(2)
+    assert _run_processes() - before == set()
+
+
+def test_ctrl_c_stops_the_run_and_leaves_no_process_behind(tiny_run):
+    tmp = tiny_run["tmp"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DATA")}
+    env.update(OPENRLHF_REPLAY_MODEL_CACHE=str(tmp / "models"), RUN_DIR=str(tmp / "stopped"), MODEL="tiny",
+               EVAL="0")
+    before = _run_processes()
+    proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    log = tmp / "stopped/train.log"
+    deadline = time.monotonic() + 300
+    while not (log.is_file() and "waiting for 1 vLLM engine" in log.read_text()):  # Ray and its actors are up
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.5)
+    assert _run_processes() - before  # the run is under way
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "interrupted" in proc.stdout.read()
     time.sleep(2)
     assert _run_processes() - before == set()
 
