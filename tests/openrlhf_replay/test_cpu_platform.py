@@ -201,7 +201,7 @@ def test_diagnose_names_the_cause_and_its_fix(tmp_path, tail, cause, fix):
     log.write_text("\n".join(["INFO starting", "Loading weights: 100%", *tail, "INFO shutting down"]) + "\n")
     text = diagnose(log)
     assert cause in text
-    assert (f"fix: " in text) == (fix is not None) and (fix is None or fix in text)
+    assert ("fix: " in text) == (fix is not None) and (fix is None or fix in text)
 
 
 def test_diagnose_without_an_error_shows_the_last_lines(tmp_path):
