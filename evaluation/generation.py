@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -23,7 +24,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from evaluation.errors import UserError
+from evaluation.hardware import choose_cpu_dtype
 from evaluation.prompting import encode_prompt
+
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("vllm", "hf")
 DEFAULT_CPU_KVCACHE_GIB = "1"
@@ -104,6 +108,20 @@ def make_backend(name: str, model_path: str | Path, **options: Any) -> Backend:
     raise UserError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
+def resolve_dtype(dtype: str) -> str:
+    """The weight dtype a backend loads with. `auto` on a machine without CUDA is the CPU compute
+    dtype (`evaluation.hardware.choose_cpu_dtype`: bf16 only where the CPU has native bf16, else
+    fp32), because vLLM's `auto` downcasts float32 models to bf16 on every x86 CPU and transformers
+    keeps the config's dtype; anything else is returned unchanged."""
+    import torch
+
+    if dtype != "auto" or torch.cuda.is_available():
+        return dtype
+    choice = choose_cpu_dtype()
+    logger.info("dtype auto on this CPU: %s", choice)
+    return choice.torch_name
+
+
 def estimate_kv_cache_gib(model_path: str | Path, sequences: int, tokens_per_sequence: int,
                           dtype: str = "auto") -> int:
     """GiB of KV cache that holds `sequences` concurrent sequences of `tokens_per_sequence`.
@@ -118,7 +136,7 @@ def estimate_kv_cache_gib(model_path: str | Path, sequences: int, tokens_per_seq
         layers = config["num_hidden_layers"]
     except (OSError, KeyError, ValueError):
         return int(DEFAULT_CPU_KVCACHE_GIB)
-    bytes_per_token = layers * 2 * kv_heads * head_dim * (4 if dtype == "float32" else 2)
+    bytes_per_token = layers * 2 * kv_heads * head_dim * (4 if resolve_dtype(dtype) == "float32" else 2)
     return max(1, math.ceil(bytes_per_token * sequences * tokens_per_sequence / 2**30))
 
 
@@ -142,8 +160,9 @@ class VLLMBackend(Backend):
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib or DEFAULT_CPU_KVCACHE_GIB)
         from vllm import LLM
 
+        self.dtype = resolve_dtype(dtype)
         try:
-            self.llm = LLM(model=str(model_path), dtype=dtype, max_model_len=max_model_len,
+            self.llm = LLM(model=str(model_path), dtype=self.dtype, max_model_len=max_model_len,
                            seed=engine_seed, **engine_kwargs)
         finally:
             if own_env:  # read at start-up only; a later engine gets its own size
@@ -181,7 +200,8 @@ class HFBackend(Backend):
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.tokenizer.padding_side = "left"
-        model_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+        self.dtype = resolve_dtype(dtype) if device == "cpu" else dtype
+        model_dtype = self.dtype if self.dtype == "auto" else getattr(torch, self.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=model_dtype)
         self.model.to(device).eval()
         self.device, self.batch_rows = device, batch_rows

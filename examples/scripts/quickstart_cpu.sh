@@ -15,6 +15,9 @@
 #   STEPS    GRPO steps (default 4)        EVAL_LIMIT  problems per benchmark (default 2)
 #   EVAL=0   skip the evaluation
 #   MAX_NEW_TOKENS (200; 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (256)
+#   OPENRLHF_REPLAY_CPU_DTYPE  compute dtype of training, generation and evaluation: auto (default:
+#            bf16 where the CPU has avx512_bf16 / amx_bf16, fp32 elsewhere, where bf16 is emulated
+#            ~100x slower), bf16 or fp32; the choice and its reason are printed first
 # The training problems are the STEPS x 4 easiest GSM8K problems (single-digit answers, then the
 # shortest reference solutions): the 135M model solves about 1 sample in 12 of those within 200
 # tokens (5 of the 64 samples of a default run), and only a group whose rewards differ has an

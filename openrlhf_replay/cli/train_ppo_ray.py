@@ -32,6 +32,23 @@ UNSUPPORTED_ESTIMATORS = ("gae",)  # critic-based: a stored advantage would need
 RLEP_ESTIMATORS = ("group_norm", "dr_grpo")  # RLEP recomputes these over the enlarged group
 
 
+ENVIRONMENT_HELP = """environment (read by this launcher, not by upstream's):
+  OPENRLHF_REPLAY_DEVICE=auto|cpu|cuda   cpu runs the CPU platform (openrlhf_replay/cpu); auto (the
+                                         default) uses it where no CUDA device is found
+  OPENRLHF_REPLAY_CPU_DTYPE=auto|bf16|fp32
+                                         compute dtype of every CPU process: auto (the default) is bf16
+                                         where the CPU has avx512_bf16 / amx_bf16, fp32 elsewhere
+                                         (emulated bf16 is ~100x slower); printed at start-up"""
+
+
+def add_replay_cli(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The replay flags, and the launcher's environment variables in `--help`."""
+    ReplayConfig.add_cli_args(parser)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = ENVIRONMENT_HELP
+    return parser
+
+
 class _ParserCaptured(Exception):
     def __init__(self, parser):
         super().__init__("parser captured")
@@ -52,7 +69,7 @@ def build_parser(with_replay: bool = True) -> argparse.ArgumentParser:
     """Upstream's real `train_ppo_ray` parser, optionally with the replay flags; nothing is trained."""
     def capture(parser, args=None, namespace=None):
         if with_replay:
-            ReplayConfig.add_cli_args(parser)
+            add_replay_cli(parser)
         raise _ParserCaptured(parser)
 
     with _patched(argparse.ArgumentParser, "parse_args", capture):
@@ -169,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def parse_with_replay(parser, args=None, namespace=None):
         argparse.ArgumentParser.parse_args = original_parse  # one parse only: later parsers are not ours
-        ReplayConfig.add_cli_args(parser)
+        add_replay_cli(parser)
         return original_parse(parser, argv, namespace)
 
     def checked_hierarchize(flat):

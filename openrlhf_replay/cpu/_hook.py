@@ -20,6 +20,7 @@ WATCHED = {
     "torch": "patch_torch",
     "deepspeed.comm.torch": "patch_deepspeed_comm",
     "ray": "patch_ray",
+    "openrlhf.utils.utils": "patch_utils",
     "openrlhf.utils.distributed_util": "patch_distributed_util",
     "openrlhf.utils.deepspeed.deepspeed": "patch_deepspeed_strategy",
     "openrlhf.trainer.ppo_utils.replay_buffer": "patch_replay_buffer",

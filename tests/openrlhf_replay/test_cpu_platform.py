@@ -83,6 +83,67 @@ def test_every_adaptation_is_in_place_in_a_new_process_of_a_cpu_run():
     assert "all adapted" in proc.stdout
 
 
+@pytest.mark.parametrize("dtype, torch_dtype", [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_every_process_computes_in_the_one_chosen_dtype(dtype, torch_dtype):
+    """The actor's weights, DeepSpeed's mixed precision (training and eval configs) and the dtype a
+    weight broadcast arrives in all follow OPENRLHF_REPLAY_CPU_DTYPE, whatever --ds.param_dtype says;
+    a weight whose dtype differs from vLLM's is refused instead of being loaded."""
+    proc = _python(f"""
+        import types, torch
+        from openrlhf.utils.utils import convert_to_torch_dtype
+        assert convert_to_torch_dtype("bf16") == torch.{torch_dtype}
+        try:
+            convert_to_torch_dtype("int8")
+        except ValueError:
+            pass  # upstream's refusal of unknown names is kept
+        else:
+            raise AssertionError("int8 accepted")
+
+        import openrlhf.utils.deepspeed.deepspeed as ds
+        for config in (ds.get_train_ds_config(False, param_dtype="bf16"), ds.get_eval_ds_config(False, param_dtype="fp16")):
+            assert config["bf16"]["enabled"] is {dtype == "bf16"} and config["fp16"]["enabled"] is False, config
+
+        from openrlhf.trainer.ray.vllm_worker_wrap import WorkerWrap
+        wrap = object.__new__(WorkerWrap)
+        wrap.model_config = types.SimpleNamespace(dtype=torch.{torch_dtype})
+        other = torch.bfloat16 if torch.{torch_dtype} == torch.float32 else torch.float32
+        try:
+            wrap.update_weight("lm_head.weight", other, (2, 2))
+        except TypeError as e:
+            assert "trainer sends" in str(e)
+        else:
+            raise AssertionError("a weight of another dtype was accepted")
+        print("dtype ok")
+    """, OPENRLHF_REPLAY_DEVICE="cpu", OPENRLHF_REPLAY_CPU_DTYPE=dtype)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dtype ok" in proc.stdout
+    assert f"cpu platform: model weights in {torch_dtype}" in proc.stdout
+
+
+def test_vllm_engines_are_created_with_the_chosen_dtype():
+    """Upstream's `create_vllm_engines` passes dtype="bfloat16"; the platform's stand-in for its actor
+    class replaces it, through a real Ray actor class's `options(...).remote(...)`."""
+    import ray
+
+    from openrlhf_replay.cpu.patches import EngineWithDtype
+
+    @ray.remote(num_cpus=0)
+    class Engine:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def dtype(self):
+            return self.kwargs["dtype"]
+
+    ray.init(num_cpus=1, include_dashboard=False, address="local")
+    try:
+        engine = EngineWithDtype(Engine, "float32").options(name="engine-dtype-test").remote(
+            model="m", dtype="bfloat16", seed=1)
+        assert ray.get(engine.dtype.remote()) == "float32"
+    finally:
+        ray.shutdown()
+
+
 CPU_OK = {"--vllm.num_engines": "1", "--vllm.sync_backend": "gloo", "--vllm.enforce_eager": None,
           "--ds.attn_implementation": "sdpa"}
 
@@ -104,7 +165,7 @@ def test_a_cpu_ready_command_line_passes(make_args):
     ({"--vllm.enforce_eager": False}, "pass --vllm.enforce_eager"),
     ({"--ds.attn_implementation": "flash_attention_2"}, "flash-attention"),
     ({"--ds.packing_samples": None}, "flash-attention"),
-    ({"--ds.param_dtype": "fp16"}, "bf16"),
+    ({"--ds.param_dtype": "fp16"}, "no fast fp16 kernels"),
     ({"--ds.adam_offload": None}, "already"),
     ({"--train.enable_ema": None}, "EMA"),
     ({"--vllm.sync_with_ray": None}, "sync_with_ray"),

@@ -176,6 +176,25 @@ def test_resume_restores_the_saved_buffer(runs):
     assert (runs["ckpt"] / "_replay" / "global_step4.npz").is_file()
 
 
+def test_every_process_computes_in_the_chosen_dtype(runs):
+    """The launcher chose one dtype for this CPU (fp32 without native bf16); the actor's weights, the
+    vLLM engine, the weight sync and the saved model all use it."""
+    from safetensors.torch import load_file
+
+    from evaluation.hardware import choose_cpu_dtype
+
+    chosen = choose_cpu_dtype()
+    for name in ("replay", "resumed", "control"):
+        log = runs[name]["log"]
+        assert f"cpu platform: compute dtype {chosen.name} (" in log, name
+        for what in ("model weights", "vLLM engine weights", "weight sync to vLLM"):
+            assert set(re.findall(rf"cpu platform: {what} in (\w+)", log)) == {chosen.torch_name}, (name, what)
+        engine_config = re.findall(r"Initializing a V1 LLM engine .*? dtype=torch\.(\w+)", log)
+        assert engine_config and set(engine_config) == {chosen.torch_name}, name
+    saved = load_file(str(runs["replay"]["dir"] / "final" / "model.safetensors"))
+    assert {str(t.dtype) for t in saved.values()} == {f"torch.{chosen.torch_name}"}
+
+
 def test_mode_none_runs_the_plain_pipeline(runs):
     control = runs["control"]
     assert sorted(_by_step(control, "policy_loss")) == [1, 2]
