@@ -1,4 +1,6 @@
-"""Metrics over graded samples: avg@n, unbiased pass@k, maj@n, AES, per-benchmark summaries.
+"""Metrics over graded samples: avg@n, unbiased pass@k, maj@n, AES, per-benchmark summaries,
+and the statistics reports put on them: bootstrap CIs, the exact McNemar / sign test, Student-t
+intervals over seeds.
 
 Every sample counts in every denominator: unparseable and timed-out samples are wrong answers,
 never dropped (METHOD.md section 5).
@@ -7,13 +9,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
 from evaluation.records import VERDICTS, SampleRecord
 
 __all__ = ["SampleRecord", "pass_at_k", "avg_at_n", "maj_at_n", "aes", "summarize",
-           "macro_average"]
+           "macro_average", "bootstrap_ci", "bootstrap_draws", "percentile_interval",
+           "mcnemar_p", "student_t_quantile", "mean_t_interval"]
+
+CHUNK_DRAWS = 2_000_000
+"""Resampled items held in memory at once (a (resamples, items) index block of int64s)."""
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -155,3 +163,127 @@ def macro_average(per_benchmark: Mapping[str, Mapping],
         raise ValueError(f"macro_average of {metric!r} needs {list(benchmarks)}; missing "
                          f"{missing}; have {sorted(per_benchmark)}")
     return sum(per_benchmark[b][metric] for b in benchmarks) / len(benchmarks)
+
+
+# ---- uncertainty ------------------------------------------------------------------------------
+
+def bootstrap_draws(n_items: int, n_resamples: int, seed: int,
+                    statistic: Callable[[np.ndarray, np.random.Generator], np.ndarray]
+                    ) -> np.ndarray:
+    """`statistic` over `n_resamples` resamples (with replacement) of `n_items` items.
+
+    `statistic(idx, rng)` gets an (r, n_items) block of item indices and the generator (for any
+    further randomness, e.g. resampling within items) and returns r values. Blocks are drawn
+    from `np.random.default_rng(seed)` in a fixed order, so equal arguments give equal draws.
+    """
+    if n_items < 1 or n_resamples < 1:
+        raise ValueError(f"bootstrap needs n_items >= 1 and n_resamples >= 1; got {n_items}, "
+                         f"{n_resamples}")
+    rng = np.random.default_rng(seed)
+    block = max(1, CHUNK_DRAWS // n_items)
+    out = []
+    for start in range(0, n_resamples, block):
+        idx = rng.integers(0, n_items, size=(min(block, n_resamples - start), n_items))
+        out.append(np.asarray(statistic(idx, rng), dtype=float))
+    return np.concatenate(out)
+
+
+def percentile_interval(draws: Sequence[float] | np.ndarray,
+                        level: float = 0.95) -> tuple[float, float]:
+    """The central `level` interval of bootstrap draws, as two order statistics.
+
+    No interpolation between draws, so a constant gives (c, c) exactly and an infinite draw
+    (an undefined ratio) stays infinite instead of turning into nan.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    x = np.sort(np.asarray(draws, dtype=float))
+    if x.size == 0 or np.isnan(x).any():
+        raise ValueError("percentile_interval needs at least one draw and no nan")
+    # the k-th smallest and k-th largest draws, k = floor((R + 1)(1 - level) / 2), at least 1
+    k = max(1, math.floor((x.size + 1) * (1 - level) / 2))
+    return float(x[k - 1]), float(x[x.size - k])
+
+
+def bootstrap_ci(values: Sequence[float], n_resamples: int = 10000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval (lo, hi) for the mean of `values`.
+
+    `values` are one number per independent unit (per-problem accuracies, or per-seed scores);
+    they are resampled with replacement `n_resamples` times from `np.random.default_rng(seed)`.
+    """
+    x = np.asarray(values, dtype=float)
+    if x.ndim != 1 or x.size == 0 or not np.isfinite(x).all():
+        raise ValueError(f"bootstrap_ci needs a non-empty 1-D sequence of finite numbers; got "
+                         f"shape {x.shape}")
+    return percentile_interval(bootstrap_draws(x.size, n_resamples, seed,
+                                               lambda idx, _rng: x[idx].mean(axis=1)), level)
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value for `b` and `c` discordant pairs.
+
+    Under no difference each discordant pair goes either way with probability 1/2, so
+    p = min(1, 2 * P(X <= min(b, c))) with X ~ Binomial(b + c, 1/2); 1.0 when b + c = 0. The same
+    formula is the sign test: pass the counts of negative and positive differences.
+    """
+    for name, value in (("b", b), ("c", c)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"mcnemar_p: {name} must be an int >= 0, got {value!r}")
+    n, k = int(b) + int(c), min(int(b), int(c))
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n  # exact ints, one rounding
+    return min(1.0, 2 * tail)
+
+
+def _t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer `df` (Abramowitz & Stegun 26.7.3 / 26.7.4)."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2 == 0:  # sin(theta) * (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ...), terms up to c^(df-2)
+        term = total = 1.0
+        for k in range(2, df, 2):
+            term *= c2 * (k - 1) / k
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term = total = math.cos(theta)  # c + 2/3 c^3 + 2*4/(3*5) c^5 + ..., up to c^(df-2)
+    for k in range(3, df - 1, 2):
+        term *= c2 * (k - 1) / k
+        total += term
+    return 2 / math.pi * (theta + s * total)
+
+
+def student_t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t distribution with `df` (integer >= 1) degrees of freedom."""
+    if not 0 < p < 1 or isinstance(df, bool) or not isinstance(df, int) or df < 1:
+        raise ValueError(f"student_t_quantile needs 0 < p < 1 and an int df >= 1; got p={p}, "
+                         f"df={df}")
+    if p == 0.5:
+        return 0.0
+    mass = abs(2 * p - 1)  # the two-sided mass inside |T| <= q
+    lo, hi = 0.0, 1.0
+    while _t_two_sided_mass(hi, df) < mass:
+        hi *= 2
+    for _ in range(200):  # bisection to float precision
+        mid = (lo + hi) / 2
+        if _t_two_sided_mass(mid, df) < mass:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * hi:
+            break
+    q = (lo + hi) / 2
+    return q if p > 0.5 else -q
+
+
+def mean_t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Student-t confidence interval for the mean of a few independent values (e.g. one score
+    per training seed): mean +- t * sd / sqrt(k). None for fewer than two values."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        return None
+    half = student_t_quantile(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+    return float(x.mean() - half), float(x.mean() + half)

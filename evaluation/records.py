@@ -7,6 +7,9 @@ from dataclasses import dataclass
 VERDICTS = ("correct", "incorrect", "unparseable", "timeout")
 """The values of `evaluation.grader.Verdict`, repeated here so records need no grader import."""
 
+METADATA_FIELDS = ("level", "subject", "subfield")
+"""Optional per-problem fields copied from the benchmark row, for breakdowns."""
+
 
 @dataclass(frozen=True)
 class SampleRecord:
@@ -32,6 +35,12 @@ class SampleRecord:
     """The answer the grader extracted (`Graded.extracted`), None if none."""
     gold: str
     """The gold answer graded against (`Problem.answer`)."""
+    level: str | None = None
+    """The problem's difficulty level where the benchmark row has one (MATH-500: "1" to "5")."""
+    subject: str | None = None
+    """The problem's subject where the row has one (MATH-500 `subject`, Minerva's course `type`)."""
+    subfield: str | None = None
+    """The problem's subfield where the row has one (OlympiadBench `subfield`)."""
 
     def __post_init__(self) -> None:
         for name in ("benchmark", "problem_id", "prompt", "response", "gold"):
@@ -49,22 +58,31 @@ class SampleRecord:
         if self.verdict not in VERDICTS:
             raise ValueError(f"SampleRecord.verdict must be one of {VERDICTS}, "
                              f"got {self.verdict!r}")
-        if self.extracted is not None and not isinstance(self.extracted, str):
-            raise TypeError(f"SampleRecord.extracted must be a str or None, got {self.extracted!r}")
+        for name in ("extracted", *METADATA_FIELDS):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"SampleRecord.{name} must be a str or None, got {value!r}")
 
     @property
     def correct(self) -> bool:
         return self.verdict == "correct"
 
     def to_dict(self) -> dict:
-        """A JSON-ready dict with exactly the fields above."""
-        return dataclasses.asdict(self)
+        """A JSON-ready dict of the fields above; metadata fields only when set."""
+        row = dataclasses.asdict(self)
+        for name in METADATA_FIELDS:  # most benchmarks have none: keep their lines as before
+            if row[name] is None:
+                del row[name]
+        return row
 
     @classmethod
     def from_dict(cls, row: dict) -> "SampleRecord":
-        """Build from a dict (e.g. a JSONL line); keys beyond the fields are ignored."""
+        """Build from a dict (e.g. a JSONL line); keys beyond the fields are ignored.
+
+        The metadata fields are optional, so records written before they existed still load.
+        """
         names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in row]
+        missing = [n for n in names if n not in row and n not in METADATA_FIELDS]
         if missing:
             raise ValueError(f"sample record lacks field(s) {missing}; has {sorted(row)}")
-        return cls(**{n: row[n] for n in names})
+        return cls(**{n: row[n] for n in names if n in row})

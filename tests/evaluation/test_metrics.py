@@ -1,12 +1,14 @@
-"""Metrics against hand-computed values."""
+"""Metrics and statistics against hand-computed values."""
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from evaluation.grader import Verdict
-from evaluation.metrics import (SampleRecord, aes, avg_at_n, macro_average, maj_at_n, pass_at_k,
-                                summarize)
+from evaluation.metrics import (SampleRecord, aes, avg_at_n, bootstrap_ci, macro_average,
+                                maj_at_n, mcnemar_p, mean_t_interval, pass_at_k,
+                                percentile_interval, student_t_quantile, summarize)
 
 
 @pytest.mark.parametrize("n, c, k, expected", [
@@ -140,3 +142,100 @@ def test_sample_record_checks_fields():
         record("aime24", "p1", 0, "correct", "5", -1)
     with pytest.raises(ValueError, match="lacks field"):
         SampleRecord.from_dict({"benchmark": "aime24"})
+
+
+# ---- uncertainty ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("b, c, expected", [
+    (0, 5, 0.0625),            # 2 * C(5,0) / 2^5 = 2/32
+    (5, 0, 0.0625),
+    (3, 3, 1.0),               # 2 * (1+3+3+1)... the tail holds more than half: capped at 1
+    (0, 0, 1.0),               # no discordant pair: no evidence either way
+    (1, 9, 22 / 1024),         # 2 * (C(10,0) + C(10,1)) / 2^10
+    (2, 10, 2 * (1 + 12 + 66) / 4096),
+])
+def test_mcnemar_p_hand_values(b, c, expected):
+    assert mcnemar_p(b, c) == pytest.approx(expected, abs=1e-15)
+
+
+def test_mcnemar_p_large_counts_and_bad_input():
+    # 2^1020 overflows a float; the exact integer sum must not.
+    p = mcnemar_p(500, 520)
+    assert 0.5 < p < 1.0
+    assert mcnemar_p(0, 1000) < 1e-290
+    for bad in ((-1, 2), (1.0, 2), (True, 2)):
+        with pytest.raises(ValueError, match="mcnemar_p"):
+            mcnemar_p(*bad)
+
+
+def test_bootstrap_ci_of_a_constant_is_that_constant():
+    assert bootstrap_ci([0.25] * 25) == (0.25, 0.25)  # exact: sums of 0.25 are exact floats
+    assert bootstrap_ci([0.4] * 25) == pytest.approx((0.4, 0.4), abs=1e-15)
+    assert bootstrap_ci([1.0]) == (1.0, 1.0)
+
+
+def test_bootstrap_ci_is_seeded_and_sized_by_level():
+    values = [0, 1] * 50
+    lo, hi = bootstrap_ci(values)
+    assert lo < 0.5 < hi and bootstrap_ci(values) == (lo, hi)
+    assert 0.17 < hi - lo < 0.23            # normal approximation: 2 x 1.96 x sqrt(.25 / 100)
+    skewed = np.linspace(0, 1, 37) ** 2  # continuous values: another seed, other draws
+    assert bootstrap_ci(skewed, seed=1) != bootstrap_ci(skewed, seed=0)
+    lo50, hi50 = bootstrap_ci(values, level=0.5)
+    assert lo < lo50 < hi50 < hi
+    with pytest.raises(ValueError):
+        bootstrap_ci([])
+    with pytest.raises(ValueError):
+        bootstrap_ci([0.1, float("nan")])
+    with pytest.raises(ValueError, match="level"):
+        bootstrap_ci(values, level=95)
+
+
+def test_bootstrap_ci_covers_the_true_mean_about_95_percent_of_the_time():
+    rng = np.random.default_rng(123)
+    hits = 0
+    for i in range(200):
+        data = rng.random(100) < 0.3
+        lo, hi = bootstrap_ci(data, n_resamples=2000, seed=i)
+        hits += lo <= 0.3 <= hi
+    assert 0.88 <= hits / 200 <= 0.99
+
+
+def test_percentile_interval_takes_order_statistics():
+    draws = np.arange(1, 10001)  # 1..10000: the 250th smallest and the 250th largest
+    assert percentile_interval(draws, 0.95) == (250.0, 9751.0)
+    assert percentile_interval([1.0, 2.0, float("inf")] * 10, 0.95)[1] == float("inf")
+    assert percentile_interval([3.0], 0.95) == (3.0, 3.0)
+
+
+@pytest.mark.parametrize("df, q975", [(1, 12.7062), (2, 4.3027), (3, 3.1824), (4, 2.7764),
+                                      (5, 2.5706), (10, 2.2281), (30, 2.0423)])
+def test_student_t_quantile_matches_tables(df, q975):
+    assert student_t_quantile(0.975, df) == pytest.approx(q975, abs=1e-4)
+    assert student_t_quantile(0.025, df) == pytest.approx(-q975, abs=1e-4)
+
+
+def test_student_t_quantile_cauchy_and_bad_input():
+    assert student_t_quantile(0.9, 1) == pytest.approx(math.tan(math.pi * 0.4), rel=1e-10)
+    assert student_t_quantile(0.5, 7) == 0.0
+    for p, df in ((0.0, 3), (1.0, 3), (0.9, 0), (0.9, 2.5)):
+        with pytest.raises(ValueError):
+            student_t_quantile(p, df)
+
+
+def test_mean_t_interval_hand_value():
+    lo, hi = mean_t_interval([0.2, 0.3, 0.4])  # mean 0.3, sd 0.1, t(0.975, 2) = 4.3027
+    half = 4.302652729749464 * 0.1 / math.sqrt(3)
+    assert (lo, hi) == pytest.approx((0.3 - half, 0.3 + half), abs=1e-9)
+    assert mean_t_interval([0.5]) is None
+
+
+def test_sample_record_metadata_is_optional():
+    old = record("aime24", "p1", 0, "correct", "5", 1).to_dict()
+    assert "level" not in old  # lines of benchmarks without metadata stay as they were
+    assert SampleRecord.from_dict(old).level is None  # a record written before the fields
+    new = SampleRecord.from_dict({**old, "level": "3", "subject": "Algebra"})
+    assert new.level == "3" and new.to_dict()["subject"] == "Algebra"
+    assert "subfield" not in new.to_dict()
+    with pytest.raises(TypeError, match="level"):
+        SampleRecord.from_dict({**old, "level": 3})
