@@ -1,11 +1,17 @@
 """`python -m evaluation run|compare|sweep`: evaluate a model, compare runs, sweep checkpoints.
 
 `run` writes into its output directory:
-- `run_config.json`: the generation settings (fixed for the directory) and the latest selection;
+- `run_config.json`: the generation settings (fixed for the directory), the latest selection,
+  and the run's provenance (`evaluation.provenance`: data and model hashes, versions, grader);
 - `samples.jsonl`: one graded `SampleRecord` per line, appended and fsynced batch by batch;
-- `summary.json` and `report.md` once every selected sample is present.
+- `summary.json` (metrics with bootstrap CIs, breakdowns, provenance), `report.md` and
+  `breakdown.md` / `breakdown.csv` once every selected sample is present.
 Rerunning the same command resumes: finished (benchmark, problem_id, sample_index) triples are
-skipped, a torn last line is dropped, and settings that would change the samples are refused.
+skipped, a torn last line is dropped, and settings that would change the samples are refused, as
+are a changed benchmark file or changed model files.
+
+`compare` reads finished runs (summary.json, samples.jsonl) and writes the table with CIs, the
+paired comparison against the baseline, breakdowns side by side and the runs' provenance.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from evaluation import benchmarks, report
+from evaluation import analysis, benchmarks, breakdown, comparison, provenance, report
 from evaluation.errors import UserError
 from evaluation.generation import BACKENDS, derive_seed, estimate_kv_cache_gib, make_backend
 from evaluation.grader import Grader, GraderStartupError
@@ -37,6 +43,8 @@ logger = logging.getLogger("evaluation")
 SIBLING_DATA_DIR = Path(__file__).resolve().parents[2] / "shared/data/benchmarks"
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+RUN_REPORTS = ("summary.json", "report.md", "breakdown.md", "breakdown.csv")
+"""What `run` writes once every selected sample is present (and removes while it is not)."""
 
 
 def _default_data_dir() -> str | None:
@@ -209,26 +217,32 @@ def run(opts: RunOptions) -> dict:
         logger.warning("greedy decoding (--temperature 0): the %d samples of a problem are "
                        "identical; set --temperature 0.6 --top-p 0.95 to sample", opts.n_samples)
     model = resolve_model(opts.model)
-    problems = {}
+    problems, every, metadata = {}, {}, {}
     for name in names:
-        loaded = benchmarks.load(name, opts.data_dir, skip_malformed=opts.skip_malformed)
-        problems[name] = loaded[:opts.limit] if opts.limit else loaded
+        every[name] = benchmarks.load(name, opts.data_dir, skip_malformed=opts.skip_malformed)
+        problems[name] = every[name][:opts.limit] if opts.limit else every[name]
         if len({p.id for p in problems[name]}) != len(problems[name]):
             raise UserError(f"{name}: problem ids are not unique, so samples cannot be keyed")
+        metadata[name] = breakdown.problem_metadata(name, opts.data_dir)
     template = resolve_template(opts.prompt_template, _load_tokenizer(model))
     generation = {k: getattr(opts, k) for k in RunOptions.GENERATION_SETTINGS}
     generation.update(model=model, prompt_template=f"{template.kind}:{template.fingerprint}")
     selection = {"benchmarks": names, "limit": opts.limit, "data_dir": opts.data_dir}
 
     out = opts.output_dir
-    _check_run_dir(out, generation)  # before creating anything in a directory that is not ours
+    # Everything is checked before anything is created or written in the directory.
+    stored = _check_run_dir(out, generation)
+    found = provenance.collect(  # hashes the model once, before generation starts
+        model=model, model_spec=opts.model, template=template, problems=every,
+        data_dir=opts.data_dir, grade_timeout=opts.grade_timeout,
+        grader_workers=opts.grader_workers, dtype=opts.dtype,
+        previous=(stored or {}).get("provenance"))
+    provenance.check_resume((stored or {}).get("provenance"), found, out, _count_lines(out))
     out.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
-        stored = _check_run_dir(out, generation)
-        _write_json(out / "run_config.json", {
-            "generation": generation, "selection": selection,
-            "created": (stored or {}).get("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
-            "model_spec": opts.model})
+        stored = _check_run_dir(out, generation)  # again: another writer may have started it
+        changes = provenance.check_resume((stored or {}).get("provenance"), found, out,
+                                          _count_lines(out))
         store = SampleStore(out / "samples.jsonl")
         done = store.load()
         wanted = [(p, j) for name in names for p in problems[name] for j in range(opts.n_samples)]
@@ -236,31 +250,90 @@ def run(opts: RunOptions) -> dict:
         for p, j in wanted:
             if (p.benchmark, p.id, j) not in done:
                 todo.setdefault((p.benchmark, p.id), []).append(j)
+        config = _run_config(stored, generation, selection, opts.model, found,
+                             changes if todo else {}, len(done))
+        _write_json(out / "run_config.json", config)
         if todo:
             logger.info("%s: %d of %d samples to generate", out, sum(map(len, todo.values())),
                         len(wanted))
-            for stale in ("summary.json", "report.md"):  # the directory is unfinished again
+            for stale in RUN_REPORTS:  # the directory is unfinished again
                 (out / stale).unlink(missing_ok=True)
             pending = [p for name in names for p in problems[name] if (name, p.id) in todo]
             try:
-                _generate(opts, model, template, pending, todo, store, len(wanted))
+                _generate(opts, model, template, pending, todo, store, len(wanted), metadata)
             except GraderStartupError as e:
                 raise UserError(f"the grader's worker processes could not start (is math-verify "
                                 f"installed?): {e}") from None
             done = store.load()
         records = [done[(p.benchmark, p.id, j)] for p, j in wanted]
-        summary = {"benchmarks": _summarize(records), "run": generation, "selection": selection,
-                   "n_samples_total": len(records), "wall_time_s": round(time.time() - started, 1)}
-        summary["macro_average"] = report.macro(summary["benchmarks"])
+        summary = _summary(records, generation, selection, config, problems, metadata)
+        summary["wall_time_s"] = round(time.time() - started, 1)
         _write_json(out / "summary.json", summary)
         (out / "report.md").write_text(report.run_markdown(summary), encoding="utf-8")
+        report.write_breakdown(out, summary["breakdown"])
     logger.info("%s", report.one_line(summary))
     return summary
 
 
+def _count_lines(out_dir: Path) -> int:
+    """Samples already written in a run directory (its samples.jsonl lines), for messages."""
+    path = out_dir / "samples.jsonl"
+    return path.read_bytes().count(b"\n") if path.is_file() else 0
+
+
+def _run_config(stored: dict | None, generation: dict, selection: dict, model_spec: str,
+                found: dict, changes: dict, n_done: int) -> dict:
+    """run_config.json's content: settings, selection, and the provenance the samples were made
+    under: the first recorded one, plus entries for benchmarks added since, and a log of every
+    resume that generated samples under other software or grader settings (`changes`)."""
+    stored = stored or {}
+    record = stored.get("provenance")
+    if record is None:
+        record = found
+        if n_done:  # a run from before provenance was recorded
+            record = {**found, "samples_before_provenance": n_done}
+            logger.warning("this run's %d existing samples predate provenance records: their "
+                           "data, model and versions are not known, only assumed equal", n_done)
+    else:
+        record = {**record, "model": found["model"],  # same hashes (checked); current mtimes
+                  "benchmarks": {**found["benchmarks"], **record["benchmarks"]}}
+    log = list(stored.get("provenance_changes", []))
+    if changes:
+        logger.warning("resuming with settings that differ from the run's start (recorded in "
+                       "run_config.json): %s", "; ".join(f"{k}: {a!r} -> {b!r}"
+                                                        for k, (a, b) in changes.items()))
+        log.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "samples_before": n_done,
+                    "changes": changes})
+    return {"generation": generation, "selection": selection,
+            "created": stored.get("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
+            "model_spec": model_spec, "provenance": record, "provenance_changes": log}
+
+
+def _summary(records: list[dict], generation: dict, selection: dict, config: dict,
+             problems: dict, metadata: dict) -> dict:
+    """summary.json: per-benchmark metrics with bootstrap CIs, the macro average with its CI,
+    breakdowns, the problem ids (so `compare` pairs the same problems) and the provenance."""
+    per = _summarize(records)
+    macro = report.macro(per)
+    intervals = analysis.run_intervals(analysis.problem_outcomes(records), macro["benchmarks"])
+    for name, stats in per.items():
+        stats["accuracy_ci"] = list(intervals[name])
+    macro["accuracy_ci"] = list(intervals["avg"])
+    return {"benchmarks": per, "macro_average": macro, "run": generation, "selection": selection,
+            "n_samples_total": len(records),
+            "ci": {"level": analysis.LEVEL, "n_resamples": analysis.N_RESAMPLES,
+                   "method": "percentile bootstrap over problems (and over each problem's "
+                             "samples when n > 1), seed 0"},
+            "breakdown": breakdown.breakdown_tables(records, metadata),
+            "problems": {name: [p.id for p in ps] for name, ps in problems.items()},
+            "provenance": config["provenance"],
+            "provenance_changes": config["provenance_changes"]}
+
+
 def _generate(opts: RunOptions, model: str, template, pending: list, todo: dict,
-              store: SampleStore, n_wanted: int) -> None:
-    """Generate, grade and append the missing samples of `pending` problems, batch by batch."""
+              store: SampleStore, n_wanted: int, metadata: dict) -> None:
+    """Generate, grade and append the missing samples of `pending` problems, batch by batch;
+    `metadata` ({benchmark: {problem id: fields}}) is copied into each record."""
     from tqdm import tqdm
 
     n_todo = sum(map(len, todo.values()))
@@ -289,7 +362,8 @@ def _generate(opts: RunOptions, model: str, template, pending: list, todo: dict,
             store.append(SampleRecord(
                 benchmark=p.benchmark, problem_id=p.id, sample_index=j, prompt=prompt,
                 response=g.text, response_tokens=g.n_tokens, truncated=g.truncated,
-                verdict=v.verdict.value, extracted=v.extracted, gold=p.answer).to_dict()
+                verdict=v.verdict.value, extracted=v.extracted, gold=p.answer,
+                **metadata[p.benchmark].get(p.id, {})).to_dict()
                 for (p, prompt, j, g), v in zip(rows, graded))
             bar.update(len(rows))
 
@@ -316,12 +390,15 @@ def load_summary(run_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
-def compare(baseline: str, runs: list[str], output: str | Path) -> list[dict]:
-    """Write the comparison table (md, csv) and plots for `runs` against `baseline`."""
-    labelled = [(report.label(d), load_summary(d)) for d in [baseline, *runs]]
-    rows = report.write_comparison(Path(output), labelled)
-    logger.info("comparison of %d runs written to %s", len(rows), output)
-    return rows
+def compare(baseline: str, runs: list[str], output: str | Path) -> comparison.Comparison:
+    """Write compare.md, the CSVs and plots for `runs` against `baseline` (see `comparison`)."""
+    loaded = [comparison.load_run(d, load_summary(d)) for d in [baseline, *runs]]
+    result = comparison.build(loaded)
+    comparison.write(Path(output), result)
+    for warning in result.warnings:
+        logger.warning("%s", warning)
+    logger.info("comparison of %d runs written to %s", len(loaded), output)
+    return result
 
 
 def find_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -390,15 +467,22 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Generate, grade and summarise; rerun to resume.")
     _add_options(p_run)
     p_cmp = sub.add_parser("compare", help="compare finished runs against a baseline",
-                           description="Table (markdown + CSV: accuracy per benchmark, "
-                           "five-benchmark average, mean tokens, AES vs the baseline) and plots.")
+                           description="compare.md + CSVs + plots: accuracy per benchmark, "
+                           "five-benchmark average, mean tokens and AES vs the baseline, each "
+                           "with a 95% bootstrap CI; each run's paired difference from the "
+                           "baseline (matched by problem id, with its CI, an exact McNemar / "
+                           "sign test and the problems that flipped); across-seed spread for "
+                           "runs named <condition>_seed<N>; breakdowns side by side; and the "
+                           "runs' provenance, with a warning when they differ in more than "
+                           "the model.")
     p_cmp.add_argument("--baseline", required=True, metavar="DIR",
                        help="finished run directory that AES is measured against (e.g. the base "
                        "model or the GRPO run)")
     p_cmp.add_argument("--runs", required=True, nargs="+", metavar="DIR",
                        help="finished run directories to compare")
     p_cmp.add_argument("--output", default="compare", metavar="DIR",
-                       help="where compare.md, compare.csv and the PNG plots go (default: ./compare)")
+                       help="where compare.md, the CSVs and the PNG plots go (default: "
+                       "./compare)")
     p_sweep = sub.add_parser("sweep", help="evaluate every checkpoint of a training run",
                              description="Evaluate each checkpoint subdirectory (config.json + "
                              "weights, ordered by the step number in its name) into its own "

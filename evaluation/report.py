@@ -1,4 +1,6 @@
-"""Human-readable outputs: a run's report.md, the paper-style comparison table, sweep curves.
+"""Human-readable outputs: a run's report.md and breakdown.md / .csv, the rows of the
+paper-style comparison table (rendered by `comparison`), sweep curves, and the shared formatting
+and plotting helpers.
 
 Accuracies are shown in percent. The "avg" column is the macro average over the five METHOD.md
 benchmarks when every compared run has all five (else over the benchmarks all runs share, and
@@ -15,15 +17,24 @@ from evaluation.benchmarks import DEFAULT_BENCHMARKS
 from evaluation.errors import UserError
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
+    """A fraction in percent with one decimal; "-" for None."""
     return "-" if value is None else f"{100 * value:.1f}"
 
 
-def _num(value: float | None, digits: int = 1) -> str:
+def pct_ci(value: float | None, ci: Sequence[float] | None) -> str:
+    """`25.0 [12.5, 40.0]`: a fraction and its interval, in percent (no interval: the value)."""
+    if value is None or not ci:
+        return pct(value)
+    return f"{pct(value)} [{pct(ci[0])}, {pct(ci[1])}]"
+
+
+def num(value: float | None, digits: int = 1) -> str:
+    """A number with `digits` decimals; "-" for None."""
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _order(names) -> list[str]:
+def order(names) -> list[str]:
     """Default benchmarks first in report order, then the others as given."""
     names = list(names)
     return [b for b in DEFAULT_BENCHMARKS if b in names] + [b for b in names
@@ -48,20 +59,20 @@ def macro(per_benchmark: dict[str, dict]) -> dict:
 
 def one_line(summary: dict) -> str:
     """`math500 12.0% | aime24 0.0% | ... | avg 4.0%` for logs."""
-    parts = [f"{b} {_pct(s['accuracy'])}%" for b, s in summary["benchmarks"].items()]
-    return " | ".join(parts + [f"avg {_pct(summary['macro_average']['accuracy'])}%"])
+    parts = [f"{b} {pct(s['accuracy'])}%" for b, s in summary["benchmarks"].items()]
+    return " | ".join(parts + [f"avg {pct(summary['macro_average']['accuracy'])}%"])
 
 
 def run_markdown(summary: dict) -> str:
     """report.md of one run: settings, per-benchmark metrics, macro average."""
     run, per = summary["run"], summary["benchmarks"]
-    names = _order(per)
+    names = order(per)
     pass_keys = sorted({k for s in per.values() for k in s if k.startswith("pass@")},
                        key=lambda k: int(k[5:]))
     lines = ["# Evaluation report", "", "| setting | value |", "|---|---|"]
     lines += [f"| {k} | `{v}` |" for k, v in run.items()]
     lines += [f"| wall time (s) | {summary['wall_time_s']} |", "",
-              "| benchmark | problems | samples/problem | accuracy % | "
+              "| benchmark | problems | samples/problem | accuracy % [95% CI] | "
               + " | ".join(f"{k} %" for k in pass_keys)
               + " | maj@n % | mean tokens | tokens (correct) | tokens (incorrect) | truncated % "
               "| unparseable | timeout |",
@@ -69,18 +80,75 @@ def run_markdown(summary: dict) -> str:
     for b in names:
         s = per[b]
         lines.append(" | ".join(
-            [f"| {b}", str(s["n_problems"]), str(s["samples_per_problem"]), _pct(s["accuracy"])]
-            + [_pct(s.get(k)) for k in pass_keys]
-            + [_pct(s["maj@n"]), _num(s["mean_response_tokens"]),
-               _num(s["mean_response_tokens_correct"]), _num(s["mean_response_tokens_incorrect"]),
-               _pct(s["truncation_rate"]), str(s["verdicts"]["unparseable"]),
+            [f"| {b}", str(s["n_problems"]), str(s["samples_per_problem"]),
+             pct_ci(s["accuracy"], s.get("accuracy_ci"))]
+            + [pct(s.get(k)) for k in pass_keys]
+            + [pct(s["maj@n"]), num(s["mean_response_tokens"]),
+               num(s["mean_response_tokens_correct"]), num(s["mean_response_tokens_incorrect"]),
+               pct(s["truncation_rate"]), str(s["verdicts"]["unparseable"]),
                str(s["verdicts"]["timeout"])]) + " |")
     m = summary["macro_average"]
     scope = "five-benchmark" if m["complete"] else f"{len(m['benchmarks'])}-benchmark"
-    lines += ["", f"**{scope} macro average**: accuracy {_pct(m['accuracy'])}%, "
-              f"mean response tokens {_num(m['mean_response_tokens'])} "
+    ci = m.get("accuracy_ci")
+    lines += ["", f"**{scope} macro average**: accuracy {pct(m['accuracy'])}%"
+              + (f" [{pct(ci[0])}, {pct(ci[1])}]" if ci else "") + ", "
+              f"mean response tokens {num(m['mean_response_tokens'])} "
               f"({', '.join(m['benchmarks'])}).", ""]
+    if "ci" in summary:
+        ci = summary["ci"]
+        lines += [f"Brackets: {100 * ci['level']:.0f}% CI, {ci['method']}, "
+                  f"{ci['n_resamples']} resamples. Breakdowns: breakdown.md.", ""]
+    if "provenance" in summary:
+        lines += provenance_markdown(summary["provenance"], summary.get("provenance_changes"))
     return "\n".join(lines)
+
+
+def provenance_markdown(record: dict, changes: list | None = None) -> list[str]:
+    """A run's provenance as markdown lines: data and model hashes, versions, grader."""
+    model = record.get("model", {})
+    harness = record.get("harness", {})
+    lines = ["## Provenance", "", "| what | value |", "|---|---|",
+             f"| model | `{model.get('path') or model.get('hub_id')}` "
+             f"(sha256 {str(model.get('sha256') or model.get('hub_revision'))[:12]}) |"]
+    lines += [f"| {name} data | `{b.get('source')}` sha256 {str(b.get('sha256'))[:12]}, "
+              f"problems {str(b.get('problems_sha256'))[:12]} |"
+              for name, b in record.get("benchmarks", {}).items()]
+    lines += [f"| prompt | {record.get('prompt', {}).get('kind')} "
+              f"{str(record.get('prompt', {}).get('sha256'))[:12]} |",
+              "| grader | " + ", ".join(f"{k} {v}" for k, v in record.get("grader", {}).items())
+              + " |",
+              f"| harness | {harness.get('version')} @ {str(harness.get('git_commit'))[:12]}"
+              f"{' (evaluation/ had uncommitted changes)' if harness.get('evaluation_uncommitted_changes') else ''} |",
+              f"| software | {', '.join(f'{k} {v}' for k, v in record.get('software', {}).items() if v)} |",
+              f"| hardware | {', '.join(f'{k}: {v}' for k, v in record.get('hardware', {}).items() if v)} |"]
+    if record.get("samples_before_provenance"):
+        lines.append(f"| note | {record['samples_before_provenance']} samples predate this record |")
+    for change in changes or []:
+        lines.append(f"| resumed {change['at']} | after {change['samples_before']} samples, with "
+                     + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in change["changes"].items())
+                     + " |")
+    return lines + [""]
+
+
+BREAKDOWN_COLUMNS = ("group", "problems", "samples", "accuracy", "truncation_rate", "mean_tokens")
+
+
+def write_breakdown(out_dir: Path, tables: dict[str, list[dict]]) -> None:
+    """breakdown.md (one table per breakdown) and breakdown.csv (all rows, long format)."""
+    md = ["# Breakdown", "", "Accuracy in % (avg@n over the group's problems; by response tokens: "
+          "over samples). Truncated: samples cut at the token limit.", ""]
+    for title, rows in tables.items():
+        md += [f"## {title}", "", "| group | problems | samples | accuracy % | truncated % | "
+               "mean tokens |", "|---|---|---|---|---|---|"]
+        md += [f"| {r['group']} | {r['problems']} | {r['samples']} | {pct(r['accuracy'])} | "
+               f"{pct(r['truncation_rate'])} | {num(r['mean_tokens'])} |" for r in rows]
+        md.append("")
+    (out_dir / "breakdown.md").write_text("\n".join(md), encoding="utf-8")
+    with open(out_dir / "breakdown.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["table", *BREAKDOWN_COLUMNS])
+        for title, rows in tables.items():
+            writer.writerows([title, *(r[c] for c in BREAKDOWN_COLUMNS)] for r in rows)
 
 
 def label(run_dir: str | Path) -> str:
@@ -96,7 +164,7 @@ def comparison_rows(labelled: list[tuple[str, dict]]) -> tuple[list[str], list[s
     for name, _ in labelled:  # repeated directory names get a suffix
         seen[name] = seen.get(name, 0) + 1
         labels.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
-    columns = _order(dict.fromkeys(b for _, s in labelled for b in s["benchmarks"]))
+    columns = order(dict.fromkeys(b for _, s in labelled for b in s["benchmarks"]))
     shared = [b for b in columns if all(b in s["benchmarks"] for _, s in labelled)]
     if not shared:
         raise UserError("the runs share no benchmark, so they have no common average")
@@ -117,47 +185,14 @@ def comparison_rows(labelled: list[tuple[str, dict]]) -> tuple[list[str], list[s
     return columns, averaged, rows
 
 
-def write_comparison(out_dir: Path, labelled: list[tuple[str, dict]]) -> list[dict]:
-    """compare.md, compare.csv, compare_accuracy.png, compare_tokens.png; returns the rows."""
-    columns, averaged, rows = comparison_rows(labelled)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    avg_name = "avg" if set(DEFAULT_BENCHMARKS) <= set(averaged) else f"avg({len(averaged)})"
-    header = ["run", *columns, avg_name, "tokens", "AES"]
-    md = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    for r in rows:
-        md.append("| " + " | ".join([r["run"], *(_pct(r[b]) for b in columns), _pct(r["avg"]),
-                                     _num(r["tokens"]), _num(r["aes"], 3)]) + " |")
-    md += ["", f"Accuracy in %; {avg_name} and tokens over {', '.join(averaged)}; AES vs "
-           f"`{rows[0]['run']}` (alpha=1, beta=3, gamma=5; '-' when the baseline accuracy is 0).",
-           "", "Samples per benchmark: " + "; ".join(
-               f"{r['run']}: " + ", ".join(f"{b} {n}" for b, n in r["samples"].items())
-               for r in rows), ""]
-    (out_dir / "compare.md").write_text("\n".join(md), encoding="utf-8")
-    with open(out_dir / "compare.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([*header, "tokens_benchmarks"])
-        for r in rows:
-            writer.writerow([r["run"], *("" if r[b] is None else round(100 * r[b], 3)
-                                         for b in columns),
-                             round(100 * r["avg"], 3), round(r["tokens"], 2),
-                             "" if r["aes"] is None else round(r["aes"], 4), " ".join(averaged)])
-    _bars(out_dir / "compare_accuracy.png", "accuracy (%)", columns + [avg_name],
-          {r["run"]: [None if r[b] is None else 100 * r[b] for b in columns] + [100 * r["avg"]]
-           for r in rows})
-    _bars(out_dir / "compare_tokens.png", "mean response tokens", columns + [avg_name],
-          {r["run"]: [r["tokens_by_benchmark"].get(b) for b in columns] + [r["tokens"]]
-           for r in rows})
-    return rows
-
-
 def write_sweep(out_dir: Path, points: list[tuple[int, dict]]) -> None:
     """sweep.md, sweep.csv, sweep_accuracy.png, sweep_tokens.png: metrics against training step."""
     columns, averaged, rows = comparison_rows([(f"step {s}", summ) for s, summ in points])
     steps = [s for s, _ in points]
     header = ["step", *columns, "avg", "tokens"]
     md = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
-    md += ["| " + " | ".join([str(s), *(_pct(r[b]) for b in columns), _pct(r["avg"]),
-                              _num(r["tokens"])]) + " |" for s, r in zip(steps, rows)]
+    md += ["| " + " | ".join([str(s), *(pct(r[b]) for b in columns), pct(r["avg"]),
+                              num(r["tokens"])]) + " |" for s, r in zip(steps, rows)]
     md += ["", f"Accuracy in %; avg and tokens over {', '.join(averaged)}.", ""]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "sweep.md").write_text("\n".join(md), encoding="utf-8")
@@ -184,14 +219,24 @@ def _pyplot():
     return plt
 
 
-def _bars(path: Path, ylabel: str, groups: list[str], series: dict[str, list]) -> None:
-    """Grouped bar chart: one group per benchmark, one bar per run."""
+def bars(path: Path, ylabel: str, groups: list[str], series: dict[str, list],
+         intervals: dict[str, list] | None = None) -> None:
+    """Grouped bar chart: one group per benchmark, one bar per run; `intervals` ({run: [(lo, hi)
+    or None per group]}) are drawn as error bars."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(groups) * max(1, len(series)) / 2), 4))
     width = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):
         xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        ax.bar(xs, [0 if v is None else v for v in values], width, label=name)
+        heights = [0 if v is None else v for v in values]
+        ax.bar(xs, heights, width, label=name)
+        spans = (intervals or {}).get(name)
+        if spans:
+            pts = [(x, h, ci) for x, h, ci in zip(xs, heights, spans) if ci is not None]
+            ax.errorbar([x for x, _, _ in pts], [h for _, h, _ in pts],
+                        yerr=[[h - ci[0] for _, h, ci in pts], [ci[1] - h for _, h, ci in pts]],
+                        fmt="none", ecolor="black", capsize=3, linewidth=1)
+    ax.axhline(0, color="grey", linewidth=0.5)
     ax.set_xticks(range(len(groups)), groups, rotation=20)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize="small")

@@ -34,6 +34,14 @@ class SampleStore:
 
     def load(self) -> dict[SampleKey, dict]:
         """Read every complete record (first copy wins), repairing a torn tail in place."""
+        return self._scan(repair=True)
+
+    def read(self) -> dict[SampleKey, dict]:
+        """Read every complete record like `load`, but never write: for readers such as
+        `compare`, which must not change another run's files."""
+        return self._scan(repair=False)
+
+    def _scan(self, repair: bool) -> dict[SampleKey, dict]:
         if not self.path.exists():
             return {}
         data = self.path.read_bytes()
@@ -59,7 +67,7 @@ class SampleStore:
             if key is not None:
                 records.setdefault(key, record)
             good_end = start = end + 1
-        if good_end < len(data):
+        if repair and good_end < len(data):
             with open(self.path, "r+b") as handle:
                 handle.truncate(good_end)
                 os.fsync(handle.fileno())

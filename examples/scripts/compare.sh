@@ -1,29 +1,47 @@
 #!/usr/bin/env bash
 # The paper-style table (`python -m evaluation compare`): one row per evaluated model, one column
 # per benchmark, the five-benchmark average, mean response tokens, and AES against GRPO
-# (O1-Pruner: alpha 1, beta 3, gamma 5), written as compare.md, compare.csv and two plots.
+# (O1-Pruner: alpha 1, beta 3, gamma 5), each with its 95% bootstrap CI; then every model's paired
+# difference from GRPO (matched by problem id: CI, exact McNemar test, the problems that flipped,
+# resolved or not at 95%), median / IQR / CI over seeds when OUTPUT_DIR's runs include several
+# <condition>_seed<N> (set RUNS to them), breakdowns (MATH-500 level and subject, OlympiadBench
+# subfield, response length, truncation) and each run's provenance. compare.md opens with a
+# warning when the runs differ in more than the model (data, decoding, versions, hardware).
+# Written as compare.md, compare.csv, compare_paired.csv, compare_breakdown.csv,
+# compare_provenance.json and plots with error bars.
 #   BASELINE=<eval directory>    the AES reference; default the GRPO run's: $RUNS_DIR/<model>/eval/grpo_seed<SEED>
 #   RUNS="<eval dir> ..."        the rows after it; default the base model's evaluation, then every
 #                                replay condition's (<condition>_seed<SEED>), the finished ones only
-#   OUTPUT_DIR                   default $RUNS_DIR/<model>/compare_seed<SEED>
+#   SEEDS="1 2 3"                several training seeds (default: SEED alone): the default baseline
+#                                is GRPO's first seed and the rows hold every condition at every seed,
+#                                so compare.md also shows each condition's spread over seeds
+#   OUTPUT_DIR                   default $RUNS_DIR/<model>/compare_seed<SEED> (compare_seeds<1-2-3>)
 # The evaluations come from eval.sh (same MODEL, SEED, RUNS_DIR). A table is a report, not a run:
 # rerunning rewrites it (with the evaluations finished by then). DRY_RUN=1: check, print, write nothing.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
+read -r -a seeds <<<"${SEEDS:-$SEED}"
+for s in "${seeds[@]}"; do
+  [[ $s =~ ^[0-9]+$ ]] || die "SEEDS must be whole numbers separated by spaces, got '${SEEDS:-}'"
+done
+[[ ${#seeds[@]} -gt 0 ]] || die "SEEDS is empty: give one or more seeds, e.g. SEEDS=\"1 2 3\""
 tag=$(model_tag "$MODEL")
 eval_root=$RUNS_DIR/$tag/eval
-BASELINE=$(realpath -m "${BASELINE:-$eval_root/grpo_seed$SEED}")
+BASELINE=$(realpath -m "${BASELINE:-$eval_root/grpo_seed${seeds[0]}}")
 if [[ -n ${RUNS:-} ]]; then
   read -r -a wanted <<<"$RUNS"
 else
   wanted=("$eval_root/$tag")
-  for condition in "${CONDITIONS[@]:1}"; do
-    wanted+=("$eval_root/${condition}_seed$SEED")
+  for condition in "${CONDITIONS[@]}"; do
+    for s in "${seeds[@]}"; do
+      [[ $condition == grpo && $s == "${seeds[0]}" ]] || wanted+=("$eval_root/${condition}_seed$s")
+    done
   done
 fi
-OUTPUT_DIR=$(realpath -m "${OUTPUT_DIR:-$RUNS_DIR/$tag/compare_seed$SEED}")
+if [[ ${#seeds[@]} == 1 ]]; then default_output=compare_seed${seeds[0]}; else default_output=compare_seeds$(IFS=-; echo "${seeds[*]}"); fi
+OUTPUT_DIR=$(realpath -m "${OUTPUT_DIR:-$RUNS_DIR/$tag/$default_output}")
 
 runs=()
 for dir in "${wanted[@]}"; do
@@ -37,7 +55,7 @@ if [[ ! -f $BASELINE/summary.json || ${#runs[@]} == 0 ]]; then
 fi
 cmd=("$PYTHON" -m evaluation compare --baseline "$BASELINE" --runs "${runs[@]}" --output "$OUTPUT_DIR" "$@")
 
-describe_settings MODEL SEED RUNS_DIR BASELINE OUTPUT_DIR
+describe_settings MODEL SEED SEEDS RUNS_DIR BASELINE OUTPUT_DIR
 print_command "${cmd[@]}"
 if [[ $DRY_RUN == 1 ]]; then
   validate_command -- "${cmd[@]}"
