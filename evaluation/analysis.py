@@ -159,8 +159,8 @@ class PairedComparison:
     """Over the averaged benchmarks; None when the run lacks one of them."""
     aes_ci: tuple[float, float] | None
     """CI of AES on the shared problems of the averaged benchmarks (its upper end is infinite
-    when over 2.5% of the draws give the baseline no correct answer); None without an
-    average."""
+    when over 2.5% of the draws give the baseline no correct answer); None without an average
+    or when the baseline gets none of them right (AES is then undefined)."""
 
 
 def _paired_draws(base: ProblemOutcomes, run: ProblemOutcomes, seed: int,
@@ -196,7 +196,7 @@ def paired_comparison(base: Mapping[str, ProblemOutcomes], run: Mapping[str, Pro
                       averaged: Sequence[str], seed: int = 0, level: float = LEVEL,
                       n_resamples: int = N_RESAMPLES) -> PairedComparison:
     """`run` against `base`, per benchmark both have and over `averaged` (see the module doc)."""
-    per, draws, diffs = {}, {}, {}
+    per, draws, diffs, base_acc = {}, {}, {}, {}
     for bench in [b for b in base if b in run]:
         wanted = set(run[bench].problem_ids)
         shared = [pid for pid in base[bench].problem_ids if pid in wanted]
@@ -208,7 +208,7 @@ def paired_comparison(base: Mapping[str, ProblemOutcomes], run: Mapping[str, Pro
         lost = tuple(pid for pid, x in zip(shared, d) if x < 0)
         p = mcnemar_p(len(lost), len(gained))
         draws[bench] = _paired_draws(b, r, seed, n_resamples)
-        diffs[bench] = d
+        diffs[bench], base_acc[bench] = d, b.accuracy
         per[bench] = PairedDifference(
             bench, len(shared), float(d.mean()),
             percentile_interval(draws[bench][:, 1] - draws[bench][:, 0], level), p,
@@ -225,7 +225,7 @@ def paired_comparison(base: Mapping[str, ProblemOutcomes], run: Mapping[str, Pro
         tuple(f"{b}/{pid}" for b in averaged for pid in per[b].gained),
         tuple(f"{b}/{pid}" for b in averaged for pid in per[b].lost))
     aes_ci = None
-    if (mean[:, 2] > 0).all():
+    if np.mean([base_acc[b] for b in averaged]) > 0 and (mean[:, 2] > 0).all():  # else no AES
         aes_ci = percentile_interval([_aes_draw(*row) for row in mean], level)
     return PairedComparison(per, average, aes_ci)
 

@@ -150,8 +150,9 @@ def _warnings(runs: list[RunData], paired: dict[str, analysis.PairedComparison])
     for run in runs[1:]:
         diffs = provenance.differences(base.settings, run.settings)
         if diffs:
+            listed = "; ".join(f"{k}: {a} vs {b}" for k, (a, b) in diffs.items())
             notes.append(f"`{run.label}` differs from the baseline `{base.label}` in more than "
-                         "the model: " + "; ".join(f"{k}: {a} vs {b}" for k, (a, b) in diffs.items()))
+                         f"the model: {listed}")
         for bench, d in paired[run.label].per_benchmark.items():
             n_base = base.summary["benchmarks"][bench]["n_problems"]
             n_run = run.summary["benchmarks"][bench]["n_problems"]
@@ -169,16 +170,28 @@ def _signed(value: float | None) -> str:
 
 
 def _interval(ci, signed: bool = False, scale: float = 100, digits: int = 1) -> str:
+    """`[lo, hi]` of a (lo, hi) pair times `scale`; "-" for None."""
     if ci is None:
         return "-"
-    fmt = (lambda v: f"{scale * v:+.{digits}f}") if signed else (lambda v: f"{scale * v:.{digits}f}")
-    return f"[{fmt(ci[0])}, {fmt(ci[1])}]"
+    sign = "+" if signed else ""
+    return f"[{scale * ci[0]:{sign}.{digits}f}, {scale * ci[1]:{sign}.{digits}f}]"
 
 
 def _ids(ids: tuple[str, ...]) -> str:
     shown = ", ".join(f"`{i}`" for i in ids[:MAX_IDS_SHOWN])
     more = len(ids) - MAX_IDS_SHOWN
     return shown + (f" (+{more} more in compare_paired.csv)" if more > 0 else "")
+
+
+def _aes_cell(row: dict) -> str:
+    interval = f" {_interval(row['aes_ci'], scale=1, digits=2)}" if row["aes_ci"] else ""
+    return report.num(row["aes"], 3) + interval
+
+
+def _truncation_cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return f"{report.pct(row['truncation_rate'])}% ({report.num(row['mean_tokens'])} tok)"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -197,9 +210,7 @@ def markdown(c: Comparison) -> str:
     header = ["run", *c.columns, c.avg_name, "tokens", "AES"]
     md += _table(header, [[r["run"], *(report.pct_ci(r[b], r["ci"].get(b)) for b in c.columns),
                            report.pct_ci(r["avg"], r["ci"].get("avg")), report.num(r["tokens"]),
-                           report.num(r["aes"], 3) + (f" {_interval(r['aes_ci'], scale=1, digits=2)}"
-                                                      if r["aes_ci"] else "")]
-                          for r in c.rows])
+                           _aes_cell(r)] for r in c.rows])
     md += ["", f"Accuracy in %, with its 95% bootstrap CI in brackets (problems resampled, and "
            f"each problem's samples when n > 1; {analysis.N_RESAMPLES} resamples); "
            f"{c.avg_name} and tokens over {', '.join(c.averaged)}; AES vs `{base}` (alpha=1, "
@@ -296,8 +307,8 @@ def _breakdown_markdown(c: Comparison) -> list[str]:
             trunc[row["group"]][label] = row
     md += ["### Truncated samples per benchmark", ""]
     md += _table(["benchmark", *labels],
-                 [[b, *(f"{report.pct(v[l]['truncation_rate'])}% ({report.num(v[l]['mean_tokens'])} tok)"
-                        if l in v else "-" for l in labels)] for b, v in trunc.items()])
+                 [[b, *(_truncation_cell(v.get(label)) for label in labels)]
+                  for b, v in trunc.items()])
     md.append("")
     titles = list(dict.fromkeys(k for t in tables for k in t if k != PER_BENCHMARK))
     for title in titles:

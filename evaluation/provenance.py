@@ -221,8 +221,9 @@ def check_resume(stored: Mapping | None, current: Mapping, out_dir: Path,
                     f"{what} since this run began ({key} {_short(then[key])} then, "
                     f"{_short(now[key])} now). {out_dir} holds {n_existing} samples graded "
                     f"against the old version, and they are left untouched. To resume, restore "
-                    f"the original (from {then.get('source')}) or point --data-dir at a copy of "
-                    f"it; to evaluate the new version, choose a new --output-dir.")
+                    f"the original {name} data (read from {then.get('source')}) or point "
+                    f"--data-dir at a copy of it; to evaluate the new version, choose a new "
+                    f"--output-dir.")
     _check_model(stored.get("model") or {}, current["model"], out_dir, n_existing)
     return differences(stored, current, skip=("benchmarks", "model"))
 

@@ -113,16 +113,21 @@ def provenance_markdown(record: dict, changes: list | None = None) -> list[str]:
     lines += [f"| {name} data | `{b.get('source')}` sha256 {str(b.get('sha256'))[:12]}, "
               f"problems {str(b.get('problems_sha256'))[:12]} |"
               for name, b in record.get("benchmarks", {}).items()]
+    dirty = harness.get("evaluation_uncommitted_changes")
+
+    def listed(section: str, sep: str = " ") -> str:
+        return ", ".join(f"{k}{sep}{v}" for k, v in record.get(section, {}).items() if v)
+
     lines += [f"| prompt | {record.get('prompt', {}).get('kind')} "
               f"{str(record.get('prompt', {}).get('sha256'))[:12]} |",
-              "| grader | " + ", ".join(f"{k} {v}" for k, v in record.get("grader", {}).items())
-              + " |",
+              f"| grader | {listed('grader')} |",
               f"| harness | {harness.get('version')} @ {str(harness.get('git_commit'))[:12]}"
-              f"{' (evaluation/ had uncommitted changes)' if harness.get('evaluation_uncommitted_changes') else ''} |",
-              f"| software | {', '.join(f'{k} {v}' for k, v in record.get('software', {}).items() if v)} |",
-              f"| hardware | {', '.join(f'{k}: {v}' for k, v in record.get('hardware', {}).items() if v)} |"]
+              + (" (evaluation/ had uncommitted changes)" if dirty else "") + " |",
+              f"| software | {listed('software')} |",
+              f"| hardware | {listed('hardware', ': ')} |"]
     if record.get("samples_before_provenance"):
-        lines.append(f"| note | {record['samples_before_provenance']} samples predate this record |")
+        lines.append(f"| note | {record['samples_before_provenance']} samples predate this "
+                     "record |")
     for change in changes or []:
         lines.append(f"| resumed {change['at']} | after {change['samples_before']} samples, with "
                      + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in change["changes"].items())
@@ -131,6 +136,7 @@ def provenance_markdown(record: dict, changes: list | None = None) -> list[str]:
 
 
 BREAKDOWN_COLUMNS = ("group", "problems", "samples", "accuracy", "truncation_rate", "mean_tokens")
+"""The columns of every breakdown row (`breakdown.breakdown_tables`), in CSV order."""
 
 
 def write_breakdown(out_dir: Path, tables: dict[str, list[dict]]) -> None:

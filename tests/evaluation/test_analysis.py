@@ -123,6 +123,8 @@ def test_aes_interval():
     point = aes(24 / 40, 200, 20 / 40, 300)  # 1/3 + 3 * 0.2
     assert lo < point < hi < math.inf
     assert analysis._aes_draw(0.0, 0.0, 300, 200) == pytest.approx(1 / 3)  # both 0: length only
+    nothing = analysis.problem_outcomes(one_sample("amc23", set(), ids))
+    assert analysis.paired_comparison(nothing, run, ["amc23"]).aes_ci is None  # AES undefined
     assert analysis._aes_draw(0.0, 0.1, 300, 200) == math.inf
 
 
