@@ -17,7 +17,7 @@ from evaluation.benchmarks import DEFAULT_BENCHMARKS
 from evaluation.records import VERDICTS, SampleRecord
 
 __all__ = ["SampleRecord", "pass_at_k", "avg_at_n", "maj_at_n", "aes", "summarize",
-           "macro_average", "bootstrap_ci", "bootstrap_draws", "percentile_interval",
+           "macro_average", "g_pass_at_k", "bootstrap_ci", "bootstrap_draws", "percentile_interval",
            "mcnemar_p", "student_t_quantile", "mean_t_interval"]
 
 CHUNK_DRAWS = 2_000_000
@@ -38,6 +38,23 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:  # every k-subset holds a correct sample
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+G_PASS_TAUS = (0.5, 0.75, 1.0)
+"""The thresholds `summarize` reports G-Pass@k at (LiveMathBench's)."""
+
+
+def g_pass_at_k(n: int, c: int, k: int, tau: float) -> float:
+    """G-Pass@k_tau (LiveMathBench): the chance that k of the n samples, drawn without
+    replacement, hold at least ceil(tau * k) correct ones (at least one for tau = 0, where it
+    is pass@k): sum_{j >= ceil(tau k)} C(c, j) C(n - c, k - j) / C(n, k). tau = 1 asks for k
+    correct samples out of k, so it rewards a model that is right consistently."""
+    pass_at_k(n, c, k)  # the same argument checks
+    if not 0 <= tau <= 1:
+        raise ValueError(f"g_pass_at_k needs 0 <= tau <= 1, got {tau}")
+    need = max(1, math.ceil(tau * k - 1e-12))  # 1e-12: 0.75 * 4 is 3, not 3.0000000001
+    hits = sum(math.comb(c, j) * math.comb(n - c, k - j) for j in range(need, min(c, k) + 1))
+    return hits / math.comb(n, k)  # exact integers, one rounding
 
 
 def avg_at_n(correct_flags: Sequence[bool]) -> float:
@@ -116,6 +133,11 @@ def _summarize_one(records: list[SampleRecord]) -> dict:
         summary[f"pass@{k}"] = _mean([pass_at_k(len(g), sum(r.correct for r in g), k)
                                       for g in groups])
         k *= 2
+    k //= 2  # the largest power of two <= n: G-Pass@k there, for sampled evaluations
+    if k >= 2:
+        for tau in G_PASS_TAUS:
+            summary[f"g-pass@{k}_{tau}"] = _mean([
+                g_pass_at_k(len(g), sum(r.correct for r in g), k, tau) for g in groups])
     summary["maj@n"] = _mean([maj_at_n([r.extracted for r in g], [r.correct for r in g])
                               for g in groups])
     summary["mean_response_tokens"] = _mean([r.response_tokens for r in records])
@@ -136,6 +158,8 @@ def summarize(samples: Iterable[SampleRecord | Mapping]) -> dict[str, dict]:
     - n_problems, n_samples, samples_per_problem (the smallest n over its problems)
     - accuracy: avg@n, the mean over problems of each problem's fraction correct
     - pass@1, pass@2, pass@4, ...: unbiased pass@k, for powers of two up to samples_per_problem
+    - g-pass@K_0.5, g-pass@K_0.75, g-pass@K_1.0: `g_pass_at_k` at the largest of those K,
+      when K >= 2 (several samples per problem)
     - maj@n: the mean over problems of `maj_at_n` on the extracted answers
     - mean_response_tokens, and over correct / not-correct samples only (None if there are none)
     - truncation_rate: the fraction of samples cut at the token limit

@@ -69,6 +69,7 @@ def run_markdown(summary: dict) -> str:
     names = order(per)
     pass_keys = sorted({k for s in per.values() for k in s if k.startswith("pass@")},
                        key=lambda k: int(k[5:]))
+    pass_keys += sorted({k for s in per.values() for k in s if k.startswith("g-pass@")})
     lines = ["# Evaluation report", "", "| setting | value |", "|---|---|"]
     lines += [f"| {k} | `{v}` |" for k, v in run.items()]
     lines += [f"| wall time (s) | {summary['wall_time_s']} |", "",

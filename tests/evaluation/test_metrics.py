@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from evaluation.grader import Verdict
-from evaluation.metrics import (SampleRecord, aes, avg_at_n, bootstrap_ci, macro_average,
-                                maj_at_n, mcnemar_p, mean_t_interval, pass_at_k,
+from evaluation.metrics import (SampleRecord, aes, avg_at_n, bootstrap_ci, g_pass_at_k,
+                                macro_average, maj_at_n, mcnemar_p, mean_t_interval, pass_at_k,
                                 percentile_interval, student_t_quantile, summarize)
 
 
@@ -239,3 +239,25 @@ def test_sample_record_metadata_is_optional():
     assert "subfield" not in new.to_dict()
     with pytest.raises(TypeError, match="level"):
         SampleRecord.from_dict({**old, "level": 3})
+
+
+@pytest.mark.parametrize("n, c, k, tau, expected", [
+    (4, 2, 2, 0.5, 5 / 6),       # at least 1 of 2: 1 - C(2,2)/C(4,2)
+    (4, 2, 2, 0.75, 1 / 6),      # ceil(1.5) = 2 of 2: C(2,2)/C(4,2)
+    (4, 2, 2, 1.0, 1 / 6),
+    (4, 3, 4, 0.75, 1.0),        # all 4 drawn: 3 correct >= ceil(3)
+    (4, 3, 4, 1.0, 0.0),
+    (8, 4, 4, 0.5, (6 * 6 + 4 * 4 + 1) / 70),  # j = 2, 3, 4: C(4,j) C(4,4-j) / C(8,4)
+    (5, 2, 1, 0.0, 0.4),         # tau 0 is pass@k
+])
+def test_g_pass_at_k_hand_values(n, c, k, tau, expected):
+    assert g_pass_at_k(n, c, k, tau) == pytest.approx(expected, abs=1e-12)
+
+
+def test_g_pass_at_k_in_summaries():
+    aime = summarize(SAMPLES)["aime24"]  # p1: 2 of 4 correct, p2: 0 of 4; K = 4
+    assert aime["g-pass@4_0.5"] == pytest.approx((1 + 0) / 2)       # 2 of 4 >= ceil(2)
+    assert aime["g-pass@4_0.75"] == 0 and aime["g-pass@4_1.0"] == 0
+    assert "g-pass@1_0.5" not in summarize(SAMPLES)["amc23"]         # one sample: none
+    with pytest.raises(ValueError, match="tau"):
+        g_pass_at_k(4, 2, 2, 1.5)

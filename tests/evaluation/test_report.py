@@ -118,7 +118,8 @@ def test_load_run_reads_only_what_the_summary_counts(tmp_path, caplog):
 def test_run_markdown_has_every_metric():
     summary = make_summary({"math500": [1, 2, 0], "amc23": [0, 0, 0]}, tokens=30, n=4)
     md = report.run_markdown(summary)
-    assert "pass@1 % | pass@2 % | pass@4 %" in md and "maj@n %" in md
+    assert "pass@1 % | pass@2 % | pass@4 % | g-pass@4_0.5 % | g-pass@4_0.75 % | g-pass@4_1.0 %" in md
+    assert "maj@n %" in md
     assert "| math500 | 3 | 4 | 25.0 |" in md and "| amc23 | 3 | 4 | 0.0 |" in md
     assert "2-benchmark macro average" in md
 
