@@ -1,9 +1,23 @@
-"""Grading model responses against gold answers with math-verify.
+"""Grading model responses against gold answers with math-verify, always within a time limit.
 
-`grade` runs in-process with math-verify's own `signal.alarm` timeouts switched off (they fail
-off the main thread); bounding its time is the caller's job. `Grader` runs `grade` in worker
-processes with a wall-clock limit per sample: a sample past its limit gets TIMEOUT and its
-worker is killed and replaced. Every sample gets exactly one verdict.
+`grade(response, gold)` gives the verdict, or TIMEOUT when there is none within `timeout_s` of
+the call (default `DEFAULT_TIMEOUT_S`, 10 s). It grades in `shared_grader()`, a process-wide pool
+of worker processes started on the first call: their start-up (importing math-verify, ~1.5 s on
+an idle 2-core AMD EPYC) counts within that first call's limit. It works from many threads at
+once, in forked and spawned processes (a forked child starts its own pool), in Ray actors, and
+from scripts without an `if __name__ == "__main__":` guard.
+
+`Grader` is the batch API (`python -m evaluation run`, `evaluation/reward.py`, the lab): a sample
+gets at most `timeout_s` of a worker's time, counted from when a worker takes it; past that it
+gets TIMEOUT and its worker is killed and replaced. A worker that dies mid-sample also gives
+TIMEOUT. Every sample gets exactly one verdict.
+
+Workers are `python -c` subprocesses, not `multiprocessing` children: they never re-run the
+caller's `__main__` (which made a spawn pool fail in unguarded scripts and re-import whatever the
+caller's script imports), inherit no file descriptor but their socket to the pool, and are
+SIGKILLed by Linux when the pool's dispatcher thread ends, so none outlives its parent.
+`grade_detailed` is the step they run: in-process, unbounded, with math-verify's own
+`signal.alarm` timeouts off (they fail off the main thread).
 
 Answer extraction: the last non-empty brace-matched `\\boxed{}` of the response (a trailing
 period inside it dropped); when there is none, math-verify's own extraction over the whole
@@ -13,21 +27,30 @@ sides, because math-verify reads "4.5e33" as 4.5 * e * 33.
 """
 from __future__ import annotations
 
+import atexit
 import collections
+import concurrent.futures
 import functools
+import heapq
 import itertools
 import logging
-import multiprocessing
+import math
 import multiprocessing.connection
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import traceback
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Iterable
 
 from evaluation.benchmarks import extract_boxed
@@ -110,7 +133,8 @@ def extract_answer(response: str) -> tuple[list, str | None]:
 
 
 def grade_detailed(response: str, gold: str) -> Graded:
-    """Grade one response against one gold answer, in-process and without a time limit."""
+    """Grade one response against one gold answer, in-process and without a time limit (what
+    the workers run; `grade` is the bounded call)."""
     from math_verify import verify
 
     gold_parsed = list(_parse_gold(gold))
@@ -123,19 +147,81 @@ def grade_detailed(response: str, gold: str) -> Graded:
     return Graded(Verdict.CORRECT if ok else Verdict.INCORRECT, extracted)
 
 
-def grade(response: str, gold: str) -> Verdict:
-    """The verdict for one response (see `grade_detailed`); no time limit: use `Grader` for one."""
-    return grade_detailed(response, gold).verdict
+# ---- bounded grading: grade() and the process-wide pool ----------------------------------
+
+DEFAULT_TIMEOUT_S = 10.0
+"""`grade()`'s limit when a call gives none, and the per-sample limit of `shared_grader()` (read
+when that pool starts). Assign to change it for the whole process."""
+SHARED_POOL_WORKERS: int | None = None
+"""Worker processes of `shared_grader()`; None: min(4, CPUs). Read when that pool starts."""
+_GRACE_S = 1.0
+"""How long past its deadline `grade()` waits for the pool's TIMEOUT before giving it itself."""
+
+
+def grade(response: str, gold: str, *, timeout_s: float | None = None) -> Verdict:
+    """The verdict for one response (see `grade_detailed`), or TIMEOUT if none within `timeout_s`.
+
+    The limit counts from this call: waiting for a free worker and, on a process's first call,
+    the pool's start-up (~1.5 s) are inside it. A gold answer math-verify cannot parse raises
+    ValueError; workers that cannot start raise GraderStartupError.
+    """
+    limit = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if not limit > 0:
+        raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+    deadline = time.monotonic() + limit
+    future = shared_grader().submit(response, gold, timeout_s=limit, deadline=deadline)
+    try:
+        return future.result(timeout=limit + _GRACE_S).verdict
+    except concurrent.futures.TimeoutError:  # the pool gives TIMEOUT at the deadline: never seen
+        logger.warning("grader pool missed a deadline by over %.0f s: verdict TIMEOUT", _GRACE_S)
+        return Verdict.TIMEOUT
+
+
+_shared: Grader | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_grader() -> Grader:
+    """The process-wide `Grader` behind `grade()`, with its workers starting.
+
+    Made on first use, and again when it was closed, broke, or belongs to the parent of a forked
+    child. Calling it early hides the workers' start-up behind other work.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None or not _shared.usable:
+            _shared = Grader(workers=SHARED_POOL_WORKERS, timeout_s=DEFAULT_TIMEOUT_S)
+            _shared.start()
+        return _shared
+
+
+@atexit.register
+def _close_shared() -> None:
+    if _shared is not None and _shared.usable:
+        _shared.close()
 
 
 # ---- worker processes ---------------------------------------------------------------------
 
-def _worker_main(conn) -> None:
-    """Worker loop: say ready, then answer (task_id, response, gold) until told to stop."""
-    try:
-        import math_verify  # noqa: F401  (fail here, visibly, rather than on the first task)
+_REPO = str(Path(__file__).resolve().parents[1])
+# The worker's whole command line. `python -c` puts the caller's working directory first on
+# sys.path; this checkout goes there instead, so the worker imports this `evaluation` package
+# and nothing shadows math-verify's imports.
+_BOOT = ("import sys; sys.path[:] = [{repo!r}] + [p for p in sys.path if p not in ('', '.')]; "
+         "from evaluation.grader import _worker_main; "
+         "_worker_main(int(sys.argv[1]), int(sys.argv[2]))")
 
+
+def _worker_main(fd: int, parent_pid: int) -> None:
+    """A worker process: warm up, say ready, then answer (task_id, response, gold) until the
+    pool's end of socket `fd` closes (or the pool kills it)."""
+    conn = multiprocessing.connection.Connection(fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it then stops us
+    try:
+        _die_with_parent(parent_pid)
         logging.getLogger("math_verify").setLevel(logging.ERROR)
+        # Imports math-verify and builds its LaTeX parser (~1 s): paid before any sample's clock.
+        grade_detailed(r"\boxed{1}", "1")
         conn.send(("ready", None, None))
     except BaseException:
         conn.send(("failed", None, traceback.format_exc()))
@@ -144,60 +230,113 @@ def _worker_main(conn) -> None:
         try:
             task = conn.recv()
         except (EOFError, OSError):
-            return  # the parent went away
-        if task is None:
-            return
+            return  # the pool went away
         task_id, response, gold = task
         try:
             graded = grade_detailed(response, gold)
-            conn.send((task_id, graded.verdict.value, graded.extracted))
+            reply = (task_id, graded.verdict.value, graded.extracted)
+        except ValueError as e:  # an unparseable gold: the caller's data error, raised as is
+            reply = (task_id, "error", ValueError(str(e)))
         except Exception:
-            conn.send((task_id, "error", traceback.format_exc()))
+            reply = (task_id, "error", RuntimeError(f"grading raised:\n{traceback.format_exc()}"))
+        conn.send(reply)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have Linux SIGKILL this worker when the thread that started it (the pool's dispatcher)
+    ends, with its process or not: a worker deep in sympy never reads its socket's EOF."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
+@dataclass
+class _Task:
+    id: int
+    future: Future
+    response: str
+    gold: str
+    limit_s: float
+    """Seconds of a worker's time, counted from when a worker takes the task."""
+    deadline: float
+    """time.monotonic() by which the task needs a verdict, queueing included (inf: none)."""
 
 
 class _Worker:
-    """One worker process with its pipe and the task it is busy with (if any)."""
+    """One worker process, the pool's end of its socket, and the task it is busy with (if any)."""
 
-    def __init__(self, ctx) -> None:
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child_conn,), daemon=True,
-                                name="evaluation-grader")
-        self.proc.start()
-        child_conn.close()
+    def __init__(self) -> None:
+        if not sys.executable:
+            raise GraderStartupError("sys.executable is empty: no Python to start workers with")
+        ours, theirs = socket.socketpair()
+        self.stderr = tempfile.TemporaryFile()  # read back only if the worker fails to start
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT.format(repo=_REPO), str(theirs.fileno()),
+                 str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
+                pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            self.stderr.close()
+            raise
+        finally:
+            theirs.close()
+        self.conn = multiprocessing.connection.Connection(ours.detach())
         self.started = time.monotonic()
         self.ready = False
-        self.task: tuple[int, Future] | None = None
-        self.deadline = float("inf")
+        self.task: _Task | None = None
+        self.deadline = math.inf
         self.error = ""
 
-    def stop(self, kill: bool) -> None:
-        if not kill:
-            try:
-                self.conn.send(None)
-                self.proc.join(timeout=2)
-            except OSError:
-                pass
-        if self.proc.is_alive():
+    def stderr_tail(self, chars: int = 2000) -> str:
+        """The end of the worker's stderr, as a clause to append to an error message."""
+        self.stderr.seek(0, os.SEEK_END)
+        self.stderr.seek(max(0, self.stderr.tell() - chars))
+        text = self.stderr.read().decode(errors="replace").strip()
+        return f"; its stderr ends:\n{text}" if text else ""
+
+    def stop(self) -> None:
+        """Kill the worker, reap it, and close the pool's ends. Killing is safe at any time (a
+        worker holds no state) and fast: a polite exit took ~0.8 s of interpreter tear-down."""
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # never seen; not worth hanging the pool over
+                logger.warning("grader worker %d still there 5 s after SIGKILL", self.proc.pid)
+        self.close_fds()
+
+    def close_fds(self) -> None:
         self.conn.close()
+        self.stderr.close()
 
 
 class GraderStartupError(RuntimeError):
     """Grader worker processes fail to start (e.g. math-verify is not installed)."""
 
 
-class Grader:
-    """Grades many (response, gold) pairs in worker processes, each with a wall-clock limit.
+# Every Grader of this process, so a forked child can let go of them (see _after_fork_in_child).
+_graders: weakref.WeakSet = weakref.WeakSet()
 
-    Use as a context manager. Thread-safe: `submit` and `grade_many` may be called from several
-    threads at once; one dispatcher thread feeds `workers` processes ('spawn' by default). A
-    sample past `timeout_s` gets TIMEOUT and its worker is killed and replaced (a new worker's
-    start-up does not count against any sample's limit). A worker that dies mid-sample
-    (segfault, OOM kill) also gives that sample TIMEOUT and is replaced. An exception inside
-    `grade_detailed` (only an unparseable gold raises) is re-raised from the sample's future.
-    If workers cannot start (`MAX_FAILED_STARTS` in a row), every queued and later sample fails
-    with GraderStartupError. Counters: `n_timeouts`, `n_crashes`.
+
+class Grader:
+    """Grades many (response, gold) pairs in worker processes, each within a time limit.
+
+    Use as a context manager (or call `start` and `close`). Thread-safe: `submit` and
+    `grade_many` may be called from several threads at once; one dispatcher thread feeds
+    `workers` processes. A sample gets at most `timeout_s` of a worker's time, counted from when
+    a worker takes it (start-up and queueing do not count), then TIMEOUT; its worker is killed
+    and replaced. `submit(..., deadline=)` also bounds the wait in the queue (what `grade()`
+    uses). A worker that dies mid-sample (segfault, OOM kill) gives that sample TIMEOUT and is
+    replaced. An unparseable gold raises ValueError from the sample's future. If workers cannot
+    start (`MAX_FAILED_STARTS` in a row), every queued and later sample fails with
+    GraderStartupError. A Grader belongs to the process that made it: after a fork, make a new
+    one (`grade()` and `shared_grader()` do). Counters: `n_timeouts`, `n_crashes`.
     """
 
     STARTUP_LIMIT_S = 120.0
@@ -205,9 +344,8 @@ class Grader:
     MAX_FAILED_STARTS = 3
     """Consecutive failed starts after which the Grader gives up."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float = 10.0,
-                 start_method: str = "spawn") -> None:
-        if timeout_s <= 0:
+    def __init__(self, workers: int | None = None, timeout_s: float = 10.0) -> None:
+        if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
         if self.n_workers < 1:
@@ -215,10 +353,12 @@ class Grader:
         self.timeout_s = timeout_s
         self.n_timeouts = 0
         self.n_crashes = 0
-        self._ctx = multiprocessing.get_context(start_method)
+        self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._pending: collections.deque = collections.deque()  # (task_id, future, response, gold)
+        self._pending: collections.OrderedDict[int, _Task] = collections.OrderedDict()
+        self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, task id), queued tasks
         self._ids = itertools.count()
+        self._workers: list[_Worker] = []  # replaced and changed only by the dispatcher
         self._closing = False
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -226,18 +366,43 @@ class Grader:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
+        _graders.add(self)
 
     # -- public API
 
     def __enter__(self) -> "Grader":
-        self._ensure_started()
+        self.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def submit(self, response: str, gold: str) -> "Future[Graded]":
-        """Queue one sample; the future resolves to its `Graded`."""
+    @property
+    def usable(self) -> bool:
+        """True while samples can be submitted: made in this process, not closed, not broken."""
+        return self._pid == os.getpid() and not self._closing and self._broken is None
+
+    def start(self) -> None:
+        """Start the workers now rather than on the first `submit`."""
+        self._check_process()
+        with self._lock:
+            if self._thread is None and not self._closing:
+                self._thread = threading.Thread(target=self._dispatch, daemon=True,
+                                                name="evaluation-grader-dispatch")
+                self._thread.start()
+
+    def submit(self, response: str, gold: str, *, timeout_s: float | None = None,
+               deadline: float | None = None) -> "Future[Graded]":
+        """Queue one sample; the future resolves to its `Graded`.
+
+        `timeout_s` (default: the Grader's) bounds the sample's time in a worker. `deadline`, a
+        `time.monotonic()` value, bounds the whole wait: a sample without a verdict by then gets
+        TIMEOUT, whether it is still queued or in a worker.
+        """
+        self._check_process()
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        if not limit > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         future: Future = Future()
         future.set_running_or_notify_cancel()  # no cancelling: every sample gets a verdict
         with self._lock:
@@ -245,8 +410,12 @@ class Grader:
                 raise self._broken
             if self._closing:
                 raise RuntimeError("Grader is closed")
-            self._pending.append((next(self._ids), future, response, gold))
-        self._ensure_started()
+            task = _Task(next(self._ids), future, response, gold, limit,
+                         math.inf if deadline is None else deadline)
+            self._pending[task.id] = task
+            if deadline is not None:
+                heapq.heappush(self._deadlines, (deadline, task.id))
+        self.start()
         self._wake()
         return future
 
@@ -258,6 +427,10 @@ class Grader:
     def grade_many(self, pairs: Iterable[tuple[str, str]]) -> list[Verdict]:
         """The verdict for each (response, gold) pair, in input order."""
         return [g.verdict for g in self.grade_many_detailed(pairs)]
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (ready or starting)."""
+        return [w.proc.pid for w in list(self._workers)]
 
     def close(self) -> None:
         """Stop the workers; samples still queued or in flight fail with RuntimeError."""
@@ -272,48 +445,58 @@ class Grader:
         self._wake_r.close()
         self._wake_w.close()
 
-    # -- dispatcher: runs in its own thread and is the only code that touches workers
+    # -- helpers
 
-    def _ensure_started(self) -> None:
-        with self._lock:
-            if self._thread is None and not self._closing:
-                self._thread = threading.Thread(target=self._dispatch, daemon=True,
-                                                name="evaluation-grader-dispatch")
-                self._thread.start()
+    def _check_process(self) -> None:
+        # A forked child has no dispatcher thread, and maybe a lock held by a thread it lacks:
+        # without this check a submit there would wait forever.
+        if self._pid != os.getpid():
+            raise RuntimeError(f"this Grader belongs to process {self._pid} (this is a forked "
+                               f"child, {os.getpid()}): make a new one here")
+
+    def _release_after_fork(self) -> None:
+        """In a forked child: close this process's copies of the pool's sockets. The parent's
+        workers are left alone; they are not our children."""
+        for w in list(self._workers):
+            w.close_fds()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _wake(self) -> None:
         try:
             self._wake_w.send(b"x")
         except OSError:
-            pass  # a full pipe wakes the dispatcher anyway; a closed one means we are done
+            pass  # a full socket wakes the dispatcher anyway; a closed one means we are done
+
+    # -- dispatcher: runs in its own thread and is the only code that touches workers
 
     def _dispatch(self) -> None:
-        workers: list[_Worker] = []
+        workers = self._workers
         error: BaseException = RuntimeError("Grader closed before this sample was graded")
         try:
-            workers.extend(_Worker(self._ctx) for _ in range(self.n_workers))
+            workers.extend(_Worker() for _ in range(self.n_workers))
             failed_starts = 0
             while not self._closing:
-                self._assign(workers)
+                self._expire_queued()
+                self._assign()
                 ready = multiprocessing.connection.wait(
-                    [self._wake_r] + [w.conn for w in workers] + [w.proc.sentinel for w in workers],
-                    timeout=self._wait_s(workers))
+                    [self._wake_r] + [w.conn for w in workers], timeout=self._wait_s())
                 if self._wake_r in ready:
                     try:
                         self._wake_r.recv(65536)
                     except BlockingIOError:
                         pass
                 for i, w in enumerate(workers):
-                    outcome = self._service(w, ready)
+                    outcome = self._service(w, w.conn in ready)
                     if outcome == "ok":
                         continue
                     failed_starts = failed_starts + 1 if outcome == "failed_start" else 0
-                    w.stop(kill=True)
+                    w.stop()
                     if failed_starts >= self.MAX_FAILED_STARTS:
                         raise GraderStartupError(
                             f"grader workers failed to start {failed_starts} times in a row; "
                             f"last error: {w.error}")
-                    workers[i] = _Worker(self._ctx)
+                    workers[i] = _Worker()
                 if any(w.ready for w in workers):
                     failed_starts = 0
         except BaseException as e:  # never leave a future unresolved
@@ -324,78 +507,106 @@ class Grader:
         finally:
             for w in workers:
                 if w.task:
-                    w.task[1].set_exception(RuntimeError("Grader closed while grading"))
-                w.stop(kill=w.task is not None or not w.ready)
+                    w.task.future.set_exception(RuntimeError("Grader closed while grading"))
+                w.stop()
             with self._lock:
-                pending, self._pending = list(self._pending), collections.deque()
-            for _, future, _, _ in pending:
-                future.set_exception(error)
+                pending, self._pending = list(self._pending.values()), collections.OrderedDict()
+            for task in pending:
+                task.future.set_exception(error)
 
-    def _assign(self, workers: list[_Worker]) -> None:
-        """Hand queued samples to ready, idle workers and start their clocks."""
-        for w in workers:
+    def _expire_queued(self) -> None:
+        """TIMEOUT for queued tasks whose deadline passed before a worker was free for them."""
+        now, expired = time.monotonic(), []
+        with self._lock:
+            while self._deadlines and self._deadlines[0][0] <= now:
+                task = self._pending.pop(heapq.heappop(self._deadlines)[1], None)
+                if task is not None:  # else it was taken by a worker in time
+                    expired.append(task)
+        for task in expired:
+            self.n_timeouts += 1
+            task.future.set_result(Graded(Verdict.TIMEOUT, None))
+
+    def _assign(self) -> None:
+        """Hand queued tasks to ready, idle workers and start their clocks."""
+        for w in self._workers:
             if not (w.ready and w.task is None):
                 continue
             with self._lock:
                 if not self._pending:
                     return
-                task_id, future, response, gold = self._pending.popleft()
+                _, task = self._pending.popitem(last=False)
             try:
-                w.conn.send((task_id, response, gold))
+                w.conn.send((task.id, task.response, task.gold))
             except OSError:  # the worker just died: requeue; _service replaces it
                 with self._lock:
-                    self._pending.appendleft((task_id, future, response, gold))
+                    self._pending[task.id] = task
+                    self._pending.move_to_end(task.id, last=False)
                 continue
-            w.task, w.deadline = (task_id, future), time.monotonic() + self.timeout_s
+            w.task, w.deadline = task, min(time.monotonic() + task.limit_s, task.deadline)
 
-    def _wait_s(self, workers: list[_Worker]) -> float | None:
-        """Seconds until the nearest sample deadline or start-up limit; None if there is none."""
-        deadlines = [w.deadline for w in workers if w.task] + [
-            w.started + self.STARTUP_LIMIT_S for w in workers if not w.ready]
+    def _wait_s(self) -> float | None:
+        """Seconds until the nearest task deadline or start-up limit; None if there is none."""
+        deadlines = [w.deadline for w in self._workers if w.task] + [
+            w.started + self.STARTUP_LIMIT_S for w in self._workers if not w.ready]
+        with self._lock:
+            if self._deadlines:
+                deadlines.append(self._deadlines[0][0])
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
-    def _service(self, w: _Worker, ready: list) -> str:
-        """Handle one worker's message, death or deadline: 'ok', 'replace' or 'failed_start'."""
-        dead = False
-        if w.conn in ready:
+    def _service(self, w: _Worker, readable: bool) -> str:
+        """Handle one worker's message, exit or deadline: 'ok', 'replace' or 'failed_start'."""
+        if readable:
             try:
                 kind, value, extra = w.conn.recv()
             except (EOFError, OSError):
-                dead = True
-            else:
-                if kind == "ready":
-                    w.ready = True
-                elif kind == "failed":
-                    w.error = extra
-                    return "failed_start"
-                elif w.task and kind == w.task[0]:
-                    future, w.task, w.deadline = w.task[1], None, float("inf")
-                    if value == "error":
-                        future.set_exception(RuntimeError(f"grading raised:\n{extra}"))
-                    else:
-                        future.set_result(Graded(Verdict(value), extra))
-                return "ok"
-        if dead or w.proc.sentinel in ready:
-            w.proc.join(timeout=1)
-            if not w.ready:
-                w.error = (f"worker exited (code {w.proc.exitcode}) before it was ready; with the "
-                           "'spawn' start method the main script needs an "
-                           "`if __name__ == '__main__':` guard")
+                return self._exited(w)
+            if kind == "ready":
+                w.ready = True
+            elif kind == "failed":
+                w.error = extra
                 return "failed_start"
-            if w.task:
-                self.n_crashes += 1
-                logger.warning("grader worker died (exit code %s) mid-sample: verdict TIMEOUT",
-                               w.proc.exitcode)
-                w.task[1].set_result(Graded(Verdict.TIMEOUT, None))
-                w.task = None
-            return "replace"
+            elif w.task and kind == w.task.id:
+                future, w.task, w.deadline = w.task.future, None, math.inf
+                if value == "error":
+                    future.set_exception(extra)
+                else:
+                    future.set_result(Graded(Verdict(value), extra))
+            return "ok"
         now = time.monotonic()
         if w.task and now >= w.deadline:
             self.n_timeouts += 1
-            w.task[1].set_result(Graded(Verdict.TIMEOUT, None))
+            w.task.future.set_result(Graded(Verdict.TIMEOUT, None))
             w.task = None
             return "replace"
         if not w.ready and now >= w.started + self.STARTUP_LIMIT_S:
-            w.error = f"worker not ready after {self.STARTUP_LIMIT_S:.0f} s"
+            w.error = f"worker not ready after {self.STARTUP_LIMIT_S:.0f} s{w.stderr_tail()}"
             return "failed_start"
         return "ok"
+
+    def _exited(self, w: _Worker) -> str:
+        """The worker's socket closed: it exited or was killed."""
+        try:
+            code = w.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            code = None  # closed its socket yet lives on: stop() kills it
+        if not w.ready:
+            w.error = f"worker exited (code {code}) before it was ready{w.stderr_tail()}"
+            return "failed_start"
+        if w.task:
+            self.n_crashes += 1
+            logger.warning("grader worker died (exit code %s) mid-sample: verdict TIMEOUT", code)
+            w.task.future.set_result(Graded(Verdict.TIMEOUT, None))
+            w.task = None
+        return "replace"
+
+
+def _after_fork_in_child() -> None:
+    # The parent's pools are useless here (no dispatcher thread came along) and their locks may
+    # be held by threads this child lacks: start afresh with a new lock and no shared pool.
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
+    for grader in list(_graders):
+        grader._release_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -3,7 +3,8 @@
 Each case is (id, response, gold, expected verdict, why). Where math-verify 0.9.0 behaves other
 than a reader might expect, the case records the true behaviour and says so ("math-verify:").
 """
-import multiprocessing
+import os
+import signal
 import threading
 import time
 from typing import NamedTuple
@@ -13,7 +14,9 @@ import pytest
 pytest.importorskip("math_verify")
 
 from evaluation.benchmarks import extract_boxed  # noqa: E402
-from evaluation.grader import Grader, Verdict, grade, grade_detailed  # noqa: E402
+from evaluation import grader as grader_module  # noqa: E402
+from evaluation.grader import (Grader, GraderStartupError, Verdict,  # noqa: E402
+                               grade_detailed)
 
 C, I, U, T = Verdict.CORRECT, Verdict.INCORRECT, Verdict.UNPARSEABLE, Verdict.TIMEOUT
 
@@ -149,7 +152,7 @@ def test_table_is_large_and_unique():
 
 @pytest.mark.parametrize("case", FAST, ids=[c.id for c in FAST])
 def test_grade_in_process(case):
-    assert grade(case.response, case.gold) is case.expected, case.why
+    assert grade_detailed(case.response, case.gold).verdict is case.expected, case.why
 
 
 def test_grader_pool_matches_table_including_hang():
@@ -186,7 +189,9 @@ def test_detailed_reports_the_extracted_answer():
 
 def test_unparseable_gold_raises():
     with pytest.raises(ValueError, match="cannot be parsed"):
-        grade(r"\boxed{1}", "")
+        grade_detailed(r"\boxed{1}", "")
+    with Grader(workers=1) as grader, pytest.raises(ValueError, match="cannot be parsed"):
+        grader.submit(r"\boxed{1}", "").result(timeout=60)
 
 
 def test_grader_rejects_bad_arguments():
@@ -197,18 +202,33 @@ def test_grader_rejects_bad_arguments():
 
 
 def test_worker_crash_gives_timeout_and_pool_recovers():
-    others = set(multiprocessing.active_children())
     with Grader(workers=1, timeout_s=60.0) as grader:
         assert grader.grade_many([(r"\boxed{1}", "1")]) == [C]  # the worker is up
-        workers = set(multiprocessing.active_children()) - others
-        assert len(workers) == 1
+        [pid] = grader.worker_pids()
         future = grader.submit(r"\boxed{(10^{9})!}", "1")  # busy for far longer than the test
         time.sleep(0.5)
-        for proc in workers:
-            proc.kill()  # simulate a segfault / OOM kill mid-sample
+        os.kill(pid, signal.SIGKILL)  # simulate a segfault / OOM kill mid-sample
         assert future.result(timeout=30).verdict is T
         assert grader.n_crashes == 1 and grader.n_timeouts == 0
         assert grader.grade_many([(r"\boxed{2}", "2"), (r"\boxed{2}", "3")]) == [C, I]
+
+
+def test_per_sample_limit_and_deadline():
+    # One worker. A hang submitted with its own 2 s limit (the Grader's is 60 s) gets TIMEOUT
+    # after ~2 s; a sample queued behind it with a 1 s deadline gets TIMEOUT at that deadline
+    # without reaching a worker; one without a deadline waits its turn and is graded.
+    with Grader(workers=1, timeout_s=60.0) as grader:
+        assert grader.grade_many([(r"\boxed{1}", "1")]) == [C]  # the worker is up
+        start = time.monotonic()
+        hang = grader.submit(r"\boxed{(10^{9})!}", "1", timeout_s=2.0)
+        queued = grader.submit(r"\boxed{2}", "2", deadline=start + 1.0)
+        patient = grader.submit(r"\boxed{3}", "3")
+        assert queued.result(timeout=10).verdict is T
+        assert time.monotonic() - start < 1.0 + 0.5
+        assert hang.result(timeout=10).verdict is T
+        assert 2.0 <= time.monotonic() - start < 2.0 + 0.5
+        assert patient.result(timeout=60).verdict is C
+        assert grader.n_timeouts == 2 and grader.n_crashes == 0
 
 
 def test_grader_is_thread_safe():
@@ -225,6 +245,17 @@ def test_grader_is_thread_safe():
             th.join()
     for t in range(4):
         assert results[t] == expected[t::4]
+
+
+def test_workers_that_cannot_start_give_a_clear_error(monkeypatch):
+    # As when math-verify is missing: each start fails, and after MAX_FAILED_STARTS the sample
+    # fails with GraderStartupError quoting the worker's own last words.
+    monkeypatch.setattr(grader_module, "_BOOT", "raise SystemExit('no math-verify (simulated)')")
+    with Grader(workers=1) as grader:
+        with pytest.raises(GraderStartupError, match=r"(?s)3 times.*no math-verify \(simulated"):
+            grader.submit(r"\boxed{1}", "1").result(timeout=60)
+        with pytest.raises(GraderStartupError):
+            grader.submit(r"\boxed{1}", "1")
 
 
 def test_closed_grader_refuses_work():
