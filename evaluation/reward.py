@@ -6,51 +6,36 @@ Use with `--reward.remote_url path/to/evaluation/reward.py`. OpenRLHF 0.11.2
 `asyncio.to_thread`, i.e. from many threads at once. `query` is the decoded prompt + response
 tokens (special tokens kept), `prompt` the prompt text, `label` the dataset's gold answer.
 
-Grading uses the same extraction and math-verify call as the evaluation (`evaluation.grader`),
-in a module-level `Grader` (worker processes with a wall-clock limit per sample, so no
-signal-based timeouts in these threads). Environment: OPENRLHF_REPLAY_REWARD_WORKERS (default
-min(4, cpus)), OPENRLHF_REPLAY_REWARD_TIMEOUT_S (default 10).
+Grading goes through the same bounded path as `evaluation.grader.grade` and the evaluation:
+the process-wide pool `evaluation.grader.shared_grader()` (worker processes, each sample at most
+OPENRLHF_REPLAY_REWARD_TIMEOUT_S seconds of a worker's time, default 10; no signal-based
+timeouts in these threads). OPENRLHF_REPLAY_REWARD_WORKERS sets the pool's size (default
+min(4, cpus)); both are read when this file is loaded.
 """
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 
 if __name__ != "evaluation.reward":
-    # Loaded by file path: make this checkout's `evaluation` package importable (spawned
-    # grader workers inherit sys.path).
+    # Loaded by file path: make this checkout's `evaluation` package importable.
     _REPO = str(Path(__file__).resolve().parents[1])
     if _REPO not in sys.path:
         sys.path.insert(0, _REPO)
 
 import torch  # noqa: E402
 
-from evaluation.grader import Grader, Verdict  # noqa: E402
+from evaluation import grader as _grading  # noqa: E402
+from evaluation.grader import Verdict  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 _PROMPT_TAIL_CHARS = 200
-_grader: Grader | None = None
-_grader_pid = 0
-_grader_lock = threading.Lock()
-
-
-def _get_grader() -> Grader:
-    """The process-wide Grader, created on first use (again in a forked child: a fork does not
-    copy the dispatcher thread)."""
-    global _grader, _grader_pid
-    with _grader_lock:
-        if _grader is None or _grader_pid != os.getpid():
-            _grader_pid = os.getpid()
-            workers = os.environ.get("OPENRLHF_REPLAY_REWARD_WORKERS")
-            timeout_s = float(os.environ.get("OPENRLHF_REPLAY_REWARD_TIMEOUT_S", 10))
-            _grader = Grader(workers=int(workers) if workers else None, timeout_s=timeout_s)
-            atexit.register(_grader.close)
-        return _grader
+_TIMEOUT_S = float(os.environ.get("OPENRLHF_REPLAY_REWARD_TIMEOUT_S", 10))
+if os.environ.get("OPENRLHF_REPLAY_REWARD_WORKERS"):
+    _grading.SHARED_POOL_WORKERS = int(os.environ["OPENRLHF_REPLAY_REWARD_WORKERS"])
 
 
 def response_text(query: str, prompt: str) -> str:
@@ -80,8 +65,8 @@ def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> di
     if not len(queries) == len(prompts) == len(labels):
         raise ValueError(f"reward_func: {len(queries)} queries, {len(prompts)} prompts, "
                          f"{len(labels)} labels")
-    grader = _get_grader()
-    futures = [grader.submit(response_text(q, p), str(label))
+    grader = _grading.shared_grader()
+    futures = [grader.submit(response_text(q, p), str(label), timeout_s=_TIMEOUT_S)
                for q, p, label in zip(queries, prompts, labels)]
     verdicts: list[Verdict | None] = []
     for future, label in zip(futures, labels):

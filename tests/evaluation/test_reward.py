@@ -2,12 +2,15 @@
 import asyncio
 import importlib.util
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("math_verify")
 torch = pytest.importorskip("torch")
+
+from evaluation import grader  # noqa: E402
 
 REWARD_PY = Path(__file__).resolve().parents[2] / "evaluation" / "reward.py"
 INSTRUCTION = r"Please reason step by step, and put your final answer within \boxed{}."
@@ -18,11 +21,12 @@ def reward_module():
     # Exactly how OpenRLHF 0.11.2 loads --reward.remote_url (utils/agent.py).
     mp = pytest.MonkeyPatch()
     mp.setenv("OPENRLHF_REPLAY_REWARD_WORKERS", "2")
+    mp.setenv("OPENRLHF_REPLAY_REWARD_TIMEOUT_S", "3")
+    mp.setattr(grader, "SHARED_POOL_WORKERS", grader.SHARED_POOL_WORKERS)  # restored by undo()
     spec = importlib.util.spec_from_file_location("reward_func", REWARD_PY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     yield module
-    module._get_grader().close()
     mp.undo()
 
 
@@ -83,6 +87,18 @@ def test_reward_from_many_threads(reward_module):
     assert results == [job[3] for job in jobs]
 
 
+def test_reward_grades_in_the_shared_bounded_pool(reward_module):
+    # The same pool as evaluation.grader.grade(), sized and limited by the environment.
+    assert grader.SHARED_POOL_WORKERS == 2
+    prompt = chat_prompt("q")
+    start = time.monotonic()
+    out = reward_module.reward_func([prompt + r"\boxed{9^{9^{9^{9}}}}"], [prompt], ["1"])
+    seconds = time.monotonic() - start
+    assert out["rewards"].tolist() == [0.0] and out["extra_logs"]["grade_timeout"].tolist() == [1.0]
+    assert 3.0 <= seconds <= 3.0 + 2.0
+    assert grader.shared_grader().n_timeouts >= 1
+
+
 def test_bad_label_gives_zero_not_an_exception(reward_module):
     prompt = chat_prompt("q")
     out = reward_module.reward_func([prompt + r"\boxed{1}"], [prompt], [""])
@@ -104,11 +120,8 @@ def test_upstream_executor_loads_and_calls_it():
     agent = pytest.importorskip("openrlhf.utils.agent")
     executor = agent.SingleTurnAgentExecutor(remote_rm_url=str(REWARD_PY))
     prompt = chat_prompt("What is 3 * 4?")
-    try:
-        [info] = asyncio.run(executor._fetch_rewards_via_func(
-            [prompt + r"\boxed{12}<|im_end|>"], [prompt], ["12"]))
-        assert torch.tensor([info["rewards"]]).tolist() == [1.0]
-        assert {k: torch.tensor([v]).tolist() for k, v in info["extra_logs"].items()} == {
-            "grade_unparseable": [0.0], "grade_timeout": [0.0], "grade_error": [0.0]}
-    finally:
-        executor.reward_func.__globals__["_get_grader"]().close()
+    [info] = asyncio.run(executor._fetch_rewards_via_func(
+        [prompt + r"\boxed{12}<|im_end|>"], [prompt], ["12"]))
+    assert torch.tensor([info["rewards"]]).tolist() == [1.0]
+    assert {k: torch.tensor([v]).tolist() for k, v in info["extra_logs"].items()} == {
+        "grade_unparseable": [0.0], "grade_timeout": [0.0], "grade_error": [0.0]}
