@@ -1,11 +1,11 @@
 """The pure replay core: rollout storage, eviction, sampling and batch composition for GRPO.
 
-Depends on numpy only (torch is imported inside `RolloutBatch.to_padded_tensors`); no Ray,
+Depends on numpy only; no torch, Ray,
 DeepSpeed or vLLM. See docs/METHOD.md sections 2-4.
 """
 from replay.buffer import FORMAT_VERSION, ReplayBuffer
 from replay.checkpoint import ReplayCheckpointError, load_state, save_state
-from replay.composer import Composition, compose, compose_rlep, group_normalise, replay_count
+from replay.composer import Composition, compose, compose_rlep, group_normalise, nominal_replay_count, replay_count
 from replay.config import MODES, OFF_POLICY, ReplayConfig, field_help
 from replay.metrics import age_histogram, composition_metrics, store_metrics, zero_variance_group_fraction
 from replay.record import REFUSAL_REASONS, RolloutBatch, filter_valid, refusals, validate_rollouts
@@ -31,7 +31,8 @@ __all__ = [
     "RolloutBatch", "RolloutStore", "Sampler", "StoreView",
     "advantage_priorities", "age_histogram", "beta_schedule", "compose", "compose_rlep",
     "composition_metrics", "effective_sample_size", "field_help", "filter_valid", "freshness_priorities",
-    "get_sampler", "group_normalise", "importance_weights", "load_state", "refusals", "replay_count",
+    "get_sampler", "group_normalise", "importance_weights", "load_state", "nominal_replay_count", "refusals",
+    "replay_count",
     "sampler_from_config", "save_state", "store_metrics", "uniform_draw", "validate_rollouts",
     "weighted_draw", "zero_variance_group_fraction",
 ]

@@ -28,6 +28,9 @@ class ReplayBuffer:
     """Store + sampler + composer for one run, with its own random generator."""
 
     def __init__(self, config: ReplayConfig) -> None:
+        if config.mode == "freshness" and config.beta_steps is None:
+            raise ValueError("replay.beta_steps is unset: the freshness importance weights anneal over it; set it to "
+                             "the run's length in steps (config.for_run(steps))")
         self.config = config
         self.store = self._new_store(config)
         self.sampler = sampler_from_config(config) if config.enabled else None
@@ -44,12 +47,13 @@ class ReplayBuffer:
         return len(self.store)
 
     def step(self, fresh: RolloutBatch, step: int, *, refused: Mapping[str, int] | None = None,
-             multiple_of: int = 1) -> Composition:
+             multiple_of: int = 1, divide_by_std: bool = True) -> Composition:
         """One training step: evict by age at `step`; draw the replay part from what is already
         stored (so never this step's own rollouts); count the reuse; store `fresh` with
         version `step`. `refused` adds rollouts the caller already dropped (e.g. from
         `validate_rollouts`) to the refusal counters. Steps must increase. `multiple_of`: the number
-        replayed is a multiple of it (see `replay_count`).
+        replayed is a multiple of it (see `nominal_replay_count`). `divide_by_std`: success mode
+        recomputes enlarged groups' advantages as group_norm (True) or dr_grpo (False).
 
         With mode none nothing is stored or drawn: the composition is `fresh` alone.
         """
@@ -62,8 +66,11 @@ class ReplayBuffer:
             self.store.counters[f"refused/{reason}"] += int(count)
         if self.config.enabled:
             self.store.evict(step)
-            composer = compose_rlep if self.config.mode == "success" else compose
-            comp = composer(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of)
+            if self.config.mode == "success":
+                comp = compose_rlep(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of,
+                                    divide_by_std=divide_by_std)
+            else:
+                comp = compose(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of)
             self.store.increment_reuse(comp.indices)
             self.store.insert(fresh, version=step)
         else:

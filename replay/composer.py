@@ -1,8 +1,10 @@
 """Composers: turn one step's fresh rollouts plus a draw from the store into the training batch.
 
 Fresh-anchored (`compose`): all fresh rollouts, then k = round(ratio * n_fresh) replayed ones.
-RLEP (`compose_rlep`): replayed successes join their prompt's fresh group and the advantages of
-each enlarged group are recomputed over G + M. In both, fresh rollouts are never displaced.
+RLEP (`compose_rlep`): M stored successes per fresh prompt on average join their prompt's fresh
+group, and the advantages of each enlarged group are recomputed over its G + M members. In both,
+fresh rollouts are never displaced, and the replayed count is a multiple of `multiple_of` (the
+integration's training batch) by one rounding rule, `nominal_replay_count`.
 Composers read the store but never change it (the buffer counts reuse and inserts).
 """
 from __future__ import annotations
@@ -48,18 +50,25 @@ class Composition:
         return w if self.order is None else w[self.order]
 
 
-def replay_count(n_fresh: int, ratio: float, step: int, warmup: int, available: int, multiple_of: int = 1) -> int:
-    """k = round(ratio * n_fresh) (halves up), 0 before `warmup`, never more than `available`.
+def nominal_replay_count(n: int, ratio: float, multiple_of: int = 1) -> int:
+    """round(ratio * n) to the nearest multiple of `multiple_of`, halves up: the one rounding rule
+    of the replayed count (the buffer's draws, the launcher's message, the rehearsal all use it).
 
     With `multiple_of` m > 1 (the integration passes its training batch size, so that every
-    data-parallel rank runs whole optimizer steps) k is rounded to the nearest multiple of m and
-    then cut down to the largest multiple of m that `available` allows.
+    data-parallel rank runs whole optimizer steps), e.g. 0.625 x 1024 = 640 = 2.5 batches of 256
+    rounds to 768, and 0.125 x 1024 = 0.5 batches to 256.
     """
     if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of < 1:
         raise ValueError(f"multiple_of must be an integer >= 1, got {multiple_of!r}")
+    return math.floor(ratio * n / multiple_of + 0.5) * multiple_of
+
+
+def replay_count(n_fresh: int, ratio: float, step: int, warmup: int, available: int, multiple_of: int = 1) -> int:
+    """k = `nominal_replay_count(n_fresh, ratio, multiple_of)`, 0 before `warmup`, cut down to the
+    largest multiple of `multiple_of` that `available` allows."""
+    k = nominal_replay_count(n_fresh, ratio, multiple_of)
     if step < warmup:
         return 0
-    k = math.floor(ratio * n_fresh / multiple_of + 0.5) * multiple_of
     return max(0, min(k, available // multiple_of * multiple_of))
 
 
@@ -98,17 +107,19 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
 
 def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
                  rng: np.random.Generator, multiple_of: int = 1, *, divide_by_std: bool = True) -> Composition:
-    """RLEP: up to `per_prompt` stored successes of each fresh prompt join that prompt's fresh
-    group (they take its group id); advantages of each enlarged group are recomputed over all
-    its members. Groups that got no replay keep their advantages untouched. With `multiple_of`
-    m > 1 a random subset of the draw is kept, the largest multiple of m (before regrouping)."""
+    """RLEP: `per_prompt` x (fresh prompts) stored successes of the step's prompts, rounded to a
+    multiple of `multiple_of`, spread over the prompts as evenly as their successes allow (the
+    sampler's rule), join their prompt's fresh group (they take its group id); the advantages of
+    each enlarged group are recomputed over all its members (`divide_by_std=False`: dr_grpo).
+    Groups that got no replay keep their advantages. When the store holds fewer successes of the
+    step's prompts than the target, the draw is cut to the largest multiple of `multiple_of`."""
     uids = fresh.prompt_uids[np.sort(np.unique(fresh.prompt_uids, return_index=True)[1])]
     if step < config.warmup or not len(store) or not len(uids):
         return _fresh_only(fresh)
-    draw = sampler(store.view(), config.per_prompt * len(uids), step, rng, fresh_prompt_uids=uids)
-    if multiple_of > 1:
-        keep = np.sort(rng.permutation(len(draw.indices))[: len(draw.indices) // multiple_of * multiple_of])
-        draw = Draw(draw.indices[keep], draw.weights[keep], dict(draw.info))
+    target = nominal_replay_count(config.per_prompt * len(uids), 1.0, multiple_of)
+    draw = sampler(store.view(), target, step, rng, fresh_prompt_uids=uids)
+    cut = len(draw.indices) // multiple_of * multiple_of  # the draw comes evenest first: cut its tail
+    draw = Draw(draw.indices[:cut], draw.weights[:cut], dict(draw.info))
     if not len(draw.indices):
         return _fresh_only(fresh, dict(draw.info))
     replayed = store.gather(draw.indices)

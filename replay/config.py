@@ -23,7 +23,9 @@ _MODE_SAMPLER = {"naive": "group", "uniform": "uniform", "advantage": "advantage
                  "freshness": "freshness", "success": "success"}
 _MODE_KEEP = {"naive": "nonzero_group", "uniform": "nonzero_advantage", "advantage": "nonzero_advantage",
               "freshness": "nonzero_advantage", "success": "success"}
-_MODE_MAX_AGE = {"naive": None, "uniform": 10, "advantage": 10, "freshness": None, "success": 10}
+# RLEP's pool keeps every success of a prompt: a prompt returns once per epoch, so an age limit
+# shorter than an epoch would empty it before its prompt comes back.
+_MODE_MAX_AGE = {"naive": None, "uniform": 10, "advantage": 10, "freshness": None, "success": None}
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class ReplayConfig:
     """Steps without replay: replay starts at step >= warmup (the buffer fills meanwhile)."""
     max_age: Optional[int] = None
     """Age limit in steps (age = step - version; older rollouts are evicted). Unset: the mode's
-    default (10 for uniform, advantage, success; none for naive, freshness). 0: no age limit."""
+    default (10 for uniform, advantage; none for naive, freshness, success). 0: no age limit."""
     capacity: int = 30000
     """Most rollouts held; the oldest go first when full."""
     alpha: Optional[float] = None
@@ -56,10 +58,14 @@ class ReplayConfig:
     """Freshness importance-weight exponent at step 0."""
     beta_end: float = 1.0
     """Freshness importance-weight exponent after beta_steps."""
-    beta_steps: int = 1000
-    """Steps over which beta moves linearly from beta_start to beta_end."""
+    beta_steps: Optional[int] = None
+    """Steps over which beta moves linearly from beta_start to beta_end. Unset: the run's length,
+    so beta reaches beta_end at its last step (the integration sets it from the number of rollout
+    steps; with the core alone, set it)."""
     per_prompt: int = 2
-    """RLEP: replayed successes per fresh prompt (M; the group grows from G to G + M)."""
+    """RLEP: replayed successes per fresh prompt on average (M; groups grow from G to about
+    G + M): M x prompts per step, rounded to whole training batches, spread over the step's
+    prompts as evenly as their stored successes allow."""
     success_threshold: float = 0.5
     """A rollout is verified-correct when its reward > this."""
     min_abs_advantage: float = 1e-6
@@ -88,7 +94,8 @@ class ReplayConfig:
         _number("tau", self.tau, low=0.0, strict=True)
         _number("beta_start", self.beta_start, low=0.0, high=1.0)
         _number("beta_end", self.beta_end, low=0.0, high=1.0)
-        _integer("beta_steps", self.beta_steps, low=0)
+        if self.beta_steps is not None:
+            _integer("beta_steps", self.beta_steps, low=0, extra="; unset means the run's length")
         _integer("per_prompt", self.per_prompt, low=1)
         _number("success_threshold", self.success_threshold)
         _number("min_abs_advantage", self.min_abs_advantage, low=0.0)
@@ -120,6 +127,10 @@ class ReplayConfig:
         if self.alpha is not None:
             return self.alpha
         return 0.6 if self.mode == "freshness" else 0.5
+
+    def for_run(self, steps: int) -> ReplayConfig:
+        """This config with what derives from the run's length filled in (beta_steps)."""
+        return self if self.beta_steps is not None else dataclasses.replace(self, beta_steps=steps)
 
     @property
     def sampler_name(self) -> str | None:

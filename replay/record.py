@@ -199,39 +199,33 @@ class RolloutBatch:
                             response_offsets=r_off, action_mask=action_mask, behaviour_logprobs=logprobs,
                             **{k: getattr(self, k)[idx] for k in ROLLOUT_FIELDS})
 
-    def to_padded_tensors(self, pad_id: int) -> dict:
-        """Torch tensors in OpenRLHF's layout (torch is imported here, not by the package).
+    def to_padded(self, pad_id: int) -> dict[str, np.ndarray]:
+        """The rollouts as OpenRLHF's `Experience` lays out a micro-batch (numpy; the integration
+        wraps them as tensors): each row is prompt + response, right-padded to the longest.
 
-        sequences (B, P + A) int64: prompt left-padded to P = max prompt length, then the
-        response right-padded to A = max response length; attention_mask (B, P + A) int64;
-        action_mask (B, A) bool and behaviour_logprobs (B, A) float32 over the response columns
-        (False / 0.0 on padding); advantages, rewards (B,) float32; prompt_lengths,
-        response_lengths (B,) int64.
+        sequences (B, T) int64, pad_id on padding; attention_mask (B, T) int64, 1 on real tokens;
+        action_mask (B, T - 1) bool and behaviour_logprobs (B, T - 1) float32, where column j
+        scores token j + 1: a response's tokens sit at columns [len(prompt) - 1, len - 1)
+        (False / 0.0 elsewhere); lengths (B,) int64, prompt + response.
         """
-        import torch
-
         n, lp, lr = len(self), self.prompt_lengths, self.response_lengths
-        width_p, width_a = int(lp.max(initial=0)), int(lr.max(initial=0))
-        seq = np.full((n, width_p + width_a), pad_id, np.int64)
-        attn = np.zeros((n, width_p + width_a), np.int64)
-        amask = np.zeros((n, width_a), np.bool_)
-        logp = np.zeros((n, width_a), np.float32)
-        # Row/column of every flat token, computed once instead of a loop over rollouts.
-        rows_p, pos_p = _rows_and_positions(self.prompt_offsets)
-        cols_p = width_p - lp[rows_p] + pos_p  # left padding
-        seq[rows_p, cols_p] = self.prompt_ids
-        attn[rows_p, cols_p] = 1
+        lengths = lp + lr
+        width = int(lengths.max(initial=1))
+        sequences = np.full((n, width), pad_id, np.int64)
+        attention = np.zeros((n, width), np.int64)
+        action = np.zeros((n, width - 1), np.bool_)
+        logprobs = np.zeros((n, width - 1), np.float32)
+        # Row and column of every flat token, computed once instead of a loop over rollouts.
+        rows_p, cols_p = _rows_and_positions(self.prompt_offsets)
+        sequences[rows_p, cols_p] = self.prompt_ids
         rows_r, cols_r = _rows_and_positions(self.response_offsets)
-        seq[rows_r, width_p + cols_r] = self.response_ids
-        attn[rows_r, width_p + cols_r] = 1
-        amask[rows_r, cols_r] = self.action_mask
-        logp[rows_r, cols_r] = self.behaviour_logprobs
-        t = torch.from_numpy
-        return {
-            "sequences": t(seq), "attention_mask": t(attn), "action_mask": t(amask),
-            "behaviour_logprobs": t(logp), "advantages": t(self.advantages.copy()),
-            "rewards": t(self.rewards.copy()), "prompt_lengths": t(lp), "response_lengths": t(lr),
-        }
+        cols_r = cols_r + lp[rows_r]
+        sequences[rows_r, cols_r] = self.response_ids
+        attention[np.arange(width) < lengths[:, None]] = 1
+        action[rows_r, cols_r - 1] = self.action_mask
+        logprobs[rows_r, cols_r - 1] = self.behaviour_logprobs
+        return {"sequences": sequences, "attention_mask": attention, "action_mask": action,
+                "behaviour_logprobs": logprobs, "lengths": lengths}
 
 
 # -------------------------------------------------------------------- validation

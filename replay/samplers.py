@@ -142,23 +142,24 @@ def freshness(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
 
 
 def success(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
-            fresh_prompt_uids: np.ndarray | None = None, per_prompt: int = 2, threshold: float = 0.5) -> Draw:
-    """RLEP: verified-correct rollouts (reward > threshold), uniformly. Given the step's fresh
-    prompts, up to `per_prompt` distinct successes of each of those prompts (at most k in all)."""
+            fresh_prompt_uids: np.ndarray | None = None, threshold: float = 0.5) -> Draw:
+    """RLEP: verified-correct rollouts (reward > threshold), without replacement. Given the step's
+    fresh prompts, only their successes, as evenly over the prompts as those allow: one of each
+    prompt that has one, then a second of each, and so on (at random within a prompt, and among
+    the prompts of the last, partial round), so a cut of the draw's tail keeps it even."""
     cand = np.flatnonzero(view.rewards > threshold)
     if fresh_prompt_uids is None:
         pick = cand[uniform_draw(len(cand), k, rng, replacement=False)]
         return Draw.of(pick, ess=len(cand), candidates=len(cand))
     cand = cand[np.isin(view.prompt_uids[cand], fresh_prompt_uids)]
     uids = view.prompt_uids[cand]
-    # Random order within each prompt, then the first per_prompt of each.
+    # Random order within each prompt, then each candidate's rank within its prompt (0, 1, ...).
     order = np.lexsort((rng.random(len(cand)), uids))
     sorted_uids = uids[order]
     run_start = np.flatnonzero(np.r_[True, sorted_uids[1:] != sorted_uids[:-1]]) if len(cand) else np.zeros(0, int)
     rank = np.arange(len(cand)) - np.repeat(run_start, np.diff(np.r_[run_start, len(cand)]))
-    pick = cand[order[rank < per_prompt]]
-    if len(pick) > k:
-        pick = np.sort(pick[uniform_draw(len(pick), k, rng, replacement=False)])
+    evenest = np.lexsort((rng.random(len(cand)), rank))  # round by round, prompts at random within a round
+    pick = cand[order[evenest[:max(k, 0)]]]
     return Draw.of(pick, ess=len(cand), candidates=len(cand), prompts_with_success=len(run_start))
 
 
@@ -211,7 +212,7 @@ def sampler_from_config(config: ReplayConfig) -> Sampler:
         "freshness": dict(alpha=config.effective_alpha, eps=config.eps, tau=config.tau,
                           beta_start=config.beta_start, beta_end=config.beta_end, beta_steps=config.beta_steps,
                           replacement=config.replacement),
-        "success": dict(per_prompt=config.per_prompt, threshold=config.success_threshold),
+        "success": dict(threshold=config.success_threshold),
         "group": {},
     }[name]
     return functools.partial(get_sampler(name), **knobs)

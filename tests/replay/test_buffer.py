@@ -63,10 +63,20 @@ def test_metrics_are_flat_replay_keys_with_counters():
 
 
 def test_freshness_metrics_include_importance_weights():
-    buf = ReplayBuffer(ReplayConfig(mode="freshness", warmup=0, seed=3))
+    buf = ReplayBuffer(ReplayConfig(mode="freshness", warmup=0, seed=3, beta_steps=20))
     _run(buf, 3)
     m = buf.metrics()
     assert 0 < m["replay/is_weight_mean"] <= m["replay/is_weight_max"] <= 1.0
+    assert m["replay/is_beta"] == pytest.approx(0.4 + 0.6 * 2 / 20)  # linear in the step, 1.0 at step 20
+
+
+def test_freshness_anneals_over_the_run_it_is_given():
+    with pytest.raises(ValueError, match="replay.beta_steps is unset"):
+        ReplayBuffer(ReplayConfig(mode="freshness"))
+    config = ReplayConfig(mode="freshness")
+    assert config.for_run(236).beta_steps == 236
+    assert ReplayConfig(mode="freshness", beta_steps=50).for_run(236).beta_steps == 50  # the user's value stays
+    assert ReplayConfig(mode="advantage").for_run(236).beta_steps == 236  # harmless where unused
 
 
 def test_mode_none_is_plain_grpo():

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from replay import (ReplayConfig, RolloutBatch, RolloutStore, compose, compose_rlep, group_normalise, replay_count,
-                    sampler_from_config)
+from replay import (ReplayConfig, RolloutBatch, RolloutStore, compose, compose_rlep, group_normalise,
+                    nominal_replay_count, replay_count, sampler_from_config)
 from replay.testing import random_batch
 
 
@@ -32,11 +32,18 @@ def test_replay_count_multiple_of(n_fresh, ratio, available, m, k):
         replay_count(n_fresh, ratio, 30, 0, available, multiple_of=0)
 
 
+@pytest.mark.parametrize("ratio, k", [(0.5, 512), (0.625, 768), (0.125, 256), (0.12, 0), (1.0, 1024)])
+def test_one_rounding_rule_halves_up_to_whole_training_batches(ratio, k):
+    # 1,024 fresh rollouts per step, training batches of 256 (the launch scripts' settings).
+    assert nominal_replay_count(1024, ratio, 256) == k
+    assert replay_count(1024, ratio, 30, 20, 10 ** 6, 256) == k  # the buffer draws the same count
+
+
 @pytest.mark.parametrize("mode", ["naive", "uniform", "advantage", "freshness", "success"])
 def test_replayed_count_is_a_multiple_when_asked(mode):
     from replay import ReplayBuffer
     rng = np.random.default_rng(11)
-    buf = ReplayBuffer(ReplayConfig(mode=mode, warmup=0, ratio=0.7, seed=2))
+    buf = ReplayBuffer(ReplayConfig(mode=mode, warmup=0, ratio=0.7, seed=2, beta_steps=6))
     for step in range(6):
         # Groups of 3 with few prompts: group draws and RLEP draws rarely land on a multiple of 4.
         comp = buf.step(random_batch(rng, 5, 3, step, n_prompts=3, group_id_base=10 * step), step, multiple_of=4)
@@ -100,15 +107,20 @@ def test_rlep_successes_join_their_prompt_group_and_advantages_are_recomputed():
         rewards=np.array([0, 0, 0, 0, 1, 0, 0, 1], np.float32),
         advantages=np.array([0, 0, 0, 0, 0.87, -0.87, -0.87, 0.87], np.float32))
     cfg = ReplayConfig(mode="success", warmup=0, per_prompt=2)
+    # 2 per prompt x 2 prompts = 4 wanted; prompt 9 has none stored, so prompt 7 gives all three.
     comp = compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng)
-    assert len(comp.replayed) == 2 and set(comp.replayed.prompt_uids.tolist()) == {7}
-    assert comp.replayed.group_ids.tolist() == [40, 40]
+    assert len(comp.replayed) == 3 and set(comp.replayed.prompt_uids.tolist()) == {7}
+    assert comp.replayed.group_ids.tolist() == [40, 40, 40]
     batch = comp.batch
-    assert batch.group_ids.tolist() == [40] * 6 + [41] * 4  # grouped, fresh before replayed
-    assert comp.is_replay.tolist() == [False] * 4 + [True] * 2 + [False] * 4
-    expected = group_normalise(np.array([0, 0, 0, 0, 1, 1], np.float32), np.zeros(6, np.int64))
-    assert np.allclose(batch.advantages[:6], expected)
-    assert np.array_equal(batch.advantages[6:], fresh.advantages[4:])  # untouched group keeps its values
+    assert batch.group_ids.tolist() == [40] * 7 + [41] * 4  # grouped, fresh before replayed
+    assert comp.is_replay.tolist() == [False] * 4 + [True] * 3 + [False] * 4
+    expected = group_normalise(np.array([0, 0, 0, 0, 1, 1, 1], np.float32), np.zeros(7, np.int64))
+    assert np.allclose(batch.advantages[:7], expected)
+    dr = compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng, divide_by_std=False)  # dr_grpo
+    assert np.allclose(dr.batch.advantages[:7], [-3 / 7] * 4 + [4 / 7] * 3)
+    # Whole batches of 2: the three are cut to two.
+    assert len(compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng, multiple_of=2).replayed) == 2
+    assert np.array_equal(batch.advantages[7:], fresh.advantages[4:])  # untouched group keeps its values
     assert comp.info["enlarged_group_fraction"] == 0.5
     # Before warm-up: fresh only, advantages as given.
     early = compose_rlep(fresh, store, sampler_from_config(cfg), ReplayConfig(mode="success", warmup=5), 1, rng)

@@ -21,7 +21,7 @@ def test_defaults_match_method_md():
     ("uniform", 10, 0.5, "uniform", "nonzero_advantage"),
     ("advantage", 10, 0.5, "advantage", "nonzero_advantage"),
     ("freshness", None, 0.6, "freshness", "nonzero_advantage"),
-    ("success", 10, 0.5, "success", "success"),
+    ("success", None, 0.5, "success", "success"),  # RLEP's pool keeps every success
 ])
 def test_mode_defaults(mode, age_limit, alpha, sampler, keep):
     c = ReplayConfig(mode=mode)

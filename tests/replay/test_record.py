@@ -73,23 +73,28 @@ def test_concat_matches_reference_and_skips_empty():
     assert len(RolloutBatch.concat([])) == 0
 
 
-def test_to_padded_tensors_layout():
-    torch = pytest.importorskip("torch")
-    b = random_batch(np.random.default_rng(3), 3, 2, partial_mask=True)
-    t = b.to_padded_tensors(pad_id=-1)
-    P, A = int(b.prompt_lengths.max()), int(b.response_lengths.max())
-    assert t["sequences"].shape == (6, P + A) and t["sequences"].dtype == torch.int64
+def _padded_by_loop(b: RolloutBatch, pad_id: int) -> dict:
+    """OpenRLHF's right-padded micro-batch layout, built row by row (the reference)."""
+    width = int((b.prompt_lengths + b.response_lengths).max())
+    out = {"sequences": np.full((len(b), width), pad_id, np.int64), "attention_mask": np.zeros((len(b), width), np.int64),
+           "action_mask": np.zeros((len(b), width - 1), bool), "behaviour_logprobs": np.zeros((len(b), width - 1), np.float32)}
     for i in range(len(b)):
-        lp, lr = int(b.prompt_lengths[i]), int(b.response_lengths[i])
-        row = t["sequences"][i].tolist()
-        assert row == [-1] * (P - lp) + b.prompt(i).tolist() + b.response(i).tolist() + [-1] * (A - lr)
-        assert t["attention_mask"][i].tolist() == [0] * (P - lp) + [1] * (lp + lr) + [0] * (A - lr)
+        p, r = b.prompt(i), b.response(i)
         seg = slice(b.response_offsets[i], b.response_offsets[i + 1])
-        assert t["action_mask"][i, :lr].tolist() == b.action_mask[seg].tolist()
-        assert not t["action_mask"][i, lr:].any()
-        assert np.array_equal(t["behaviour_logprobs"][i, :lr].numpy(), b.behaviour_logprobs[seg])
-    assert np.array_equal(t["advantages"].numpy(), b.advantages)
-    assert t["response_lengths"].tolist() == b.response_lengths.tolist()
+        out["sequences"][i, :len(p) + len(r)] = np.r_[p, r]
+        out["attention_mask"][i, :len(p) + len(r)] = 1
+        out["action_mask"][i, len(p) - 1:len(p) + len(r) - 1] = b.action_mask[seg]  # column j scores token j + 1
+        out["behaviour_logprobs"][i, len(p) - 1:len(p) + len(r) - 1] = b.behaviour_logprobs[seg]
+    return out
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_to_padded_equals_the_row_by_row_layout(seed):
+    b = random_batch(np.random.default_rng(seed), 4, 3, partial_mask=True, prompt_len=(1, 9), response_len=(0, 7))
+    got, ref = b.to_padded(pad_id=-1), _padded_by_loop(b, -1)
+    for key, want in ref.items():
+        assert got[key].dtype == want.dtype and np.array_equal(got[key], want), key
+    assert got["lengths"].tolist() == (b.prompt_lengths + b.response_lengths).tolist()
 
 
 def test_refusals_count_each_rollout_once_in_reason_order():

@@ -129,7 +129,7 @@ def test_freshness_sampler_frequencies_and_weights():
     adv = np.array([1.0, 1.0, 1.0, 0.2], np.float32)
     versions = np.array([0, 50, 100, 100])
     view = view_of(adv, versions=versions)
-    cfg = ReplayConfig(mode="freshness", tau=50.0, replacement=True)
+    cfg = ReplayConfig(mode="freshness", tau=50.0, replacement=True, beta_steps=1000)
     sampler = sampler_from_config(cfg)
     d = sampler(view, 40_000, 120, rng)
     p = (np.abs(adv) + 1e-6) ** 0.6 * np.exp(-(120 - versions) / 50.0)
@@ -151,25 +151,34 @@ def test_uniform_sampler():
     assert chi_square_p(np.bincount(rep.indices, minlength=8), np.full(8, 2000.0)) > 1e-3
 
 
-def test_success_sampler_takes_m_successes_of_the_fresh_prompts():
+def test_success_sampler_spreads_the_draw_evenly_over_the_fresh_prompts():
     rng = np.random.default_rng(5)
-    uids = np.array([1, 1, 1, 1, 2, 2, 3, 3, 3])
-    rewards = np.array([1, 1, 1, 0, 1, 0, 1, 1, 0.5])
-    view = view_of(np.zeros(9, np.float32), rewards=rewards, prompt_uids=uids)
-    sampler = sampler_from_config(ReplayConfig(mode="success", per_prompt=2))
-    seen = np.zeros(9, int)
+    uids = np.array([1, 1, 1, 1, 2, 2, 3, 3, 3, 4, 4, 4])
+    rewards = np.array([1, 1, 1, 0, 1, 0, 1, 1, 0.5, 1, 1, 1])
+    view = view_of(np.zeros(12, np.float32), rewards=rewards, prompt_uids=uids)
+    sampler = sampler_from_config(ReplayConfig(mode="success"))
+    fresh = np.array([1, 2, 4])  # prompt 3 is not in this step
+    seen = np.zeros(12, int)
     for _ in range(3000):
-        d = sampler(view, 100, 10, rng, fresh_prompt_uids=np.array([1, 2]))
-        got = d.indices
-        assert len(set(got.tolist())) == len(got)
-        assert np.all(rewards[got] > 0.5) and set(uids[got].tolist()) <= {1, 2}
-        assert np.sum(uids[got] == 1) == 2 and np.sum(uids[got] == 2) == 1
+        got = sampler(view, 5, 10, rng, fresh_prompt_uids=fresh).indices
+        assert len(set(got.tolist())) == len(got) == 5
+        assert np.all(rewards[got] > 0.5) and set(uids[got].tolist()) <= {1, 2, 4}
+        # One of each prompt, then a second of each: prompt 2 has only one success.
+        assert [np.sum(uids[got] == u) for u in (1, 2, 4)] == [2, 1, 2]
+        # The draw's head is the evenest: its first three rows are one per prompt.
+        assert sorted(uids[got[:3]].tolist()) == [1, 2, 4]
         seen[got] += 1
-    # Prompt 1 has three successes, two drawn each time: each is in 2/3 of the draws.
+    # Within a prompt uniformly: each of prompt 1's three successes is in 2/3 of the draws.
     assert chi_square_p(seen[:3], np.full(3, 2000.0)) > 1e-3
-    # Capped at k; no fresh prompts given: uniform over all successes.
-    assert len(sampler(view, 1, 10, rng, fresh_prompt_uids=np.array([1, 2])).indices) == 1
-    assert set(sampler(view, 100, 10, rng).indices.tolist()) == {0, 1, 2, 4, 6, 7}
+    # A partial round picks its prompts at random: k = 4 gives prompt 1 or 4 its second one.
+    counts = np.zeros(2, int)
+    for _ in range(2000):
+        got = sampler(view, 4, 10, rng, fresh_prompt_uids=fresh).indices
+        counts += [np.sum(uids[got] == 1) == 2, np.sum(uids[got] == 4) == 2]
+    assert counts.sum() == 2000 and chi_square_p(counts, np.full(2, 1000.0)) > 1e-3
+    # Never more than there are; no fresh prompts given: uniform over all successes.
+    assert len(sampler(view, 100, 10, rng, fresh_prompt_uids=fresh).indices) == 7
+    assert set(sampler(view, 100, 10, rng).indices.tolist()) == {0, 1, 2, 4, 6, 7, 9, 10, 11}
 
 
 def test_group_sampler_draws_whole_groups_with_replacement():
@@ -218,7 +227,7 @@ def test_randomness_is_injected_not_global():
     np.random.seed(123)
     before = np.random.get_state()[1].copy()
     for mode in ("uniform", "advantage", "freshness", "naive"):
-        sampler = sampler_from_config(ReplayConfig(mode=mode))
+        sampler = sampler_from_config(ReplayConfig(mode=mode, beta_steps=100))
         a = sampler(view, 10, 60, np.random.default_rng(7)).indices
         b = sampler(view, 10, 60, np.random.default_rng(7)).indices
         assert np.array_equal(a, b), mode

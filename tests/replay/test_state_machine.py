@@ -204,7 +204,7 @@ class BufferMachine(RuleBasedStateMachine):
                 seed=st.integers(0, 1000))
     def setup(self, mode, ratio, warmup, max_age, capacity, replacement, seed):
         self.cfg = ReplayConfig(mode=mode, ratio=ratio, warmup=warmup, max_age=max_age, capacity=capacity,
-                                replacement=replacement, seed=seed, tau=2.0)
+                                replacement=replacement, seed=seed, tau=2.0, beta_steps=8)
         self.buf, self.twin = ReplayBuffer(self.cfg), ReplayBuffer(self.cfg)
         self.step = 0
         self.tmp = tempfile.TemporaryDirectory()
