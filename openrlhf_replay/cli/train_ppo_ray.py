@@ -30,6 +30,9 @@ from replay import ReplayConfig
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
 UNSUPPORTED_ESTIMATORS = ("gae",)  # critic-based: a stored advantage would need the critic of its time
 RLEP_ESTIMATORS = ("group_norm", "dr_grpo")  # RLEP recomputes these over the enlarged group
+# Schedules that stay constant after their warm-up: the optimizer steps replay adds run past the
+# end of a schedule sized from the fresh batches, which only these survive unchanged.
+CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 ENVIRONMENT_HELP = """environment (read by this launcher, not by upstream's):
@@ -80,10 +83,6 @@ def build_parser(with_replay: bool = True) -> argparse.ArgumentParser:
     raise RuntimeError(f"{UPSTREAM_CLI} finished without parsing arguments: the seam moved")
 
 
-def data_parallel_ranks(args) -> int:
-    return args.actor.num_nodes * args.actor.num_gpus_per_node // args.ds.ring_attn_size // args.ds.tensor_parallel_size
-
-
 def replay_arg_errors(args) -> list[str]:
     """What in the (nested) upstream arguments keeps replay from running, each with its fix."""
     from openrlhf_replay.trainer.ppo_trainer import replay_per_step
@@ -111,9 +110,21 @@ def replay_arg_errors(args) -> list[str]:
     if args.algo.kl.init_coef > 0:
         errors.append(f"--algo.kl.init_coef {args.algo.kl.init_coef}: replay stores one frozen advantage per rollout "
                       "and no reference log-probs, so KL must be off; pass --algo.kl.init_coef 0")
-    if config.off_policy == "refresh" and args.algo.advantage.is_correction_level == "off":
-        errors.append("--replay.off_policy refresh corrects for the behaviour policy with upstream's importance "
-                      "weights; pass --algo.advantage.is_correction_level token (or seq)")
+    correction = args.algo.advantage
+    if config.off_policy == "refresh" and (correction.is_correction_level, correction.is_correction_mode,
+                                           correction.is_correction_gating) != ("token", "clip", "ratio"):
+        errors.append("--replay.off_policy refresh weighs each replayed token by a truncated importance weight "
+                      "pi_old / pi_behaviour (METHOD.md); upstream does that with --algo.advantage.is_correction_level "
+                      "token --algo.advantage.is_correction_mode clip --algo.advantage.is_correction_gating ratio "
+                      f"(got {correction.is_correction_level} / {correction.is_correction_mode} / "
+                      f"{correction.is_correction_gating}: mask drops tokens instead of truncating their weight)")
+    if args.actor.lr_scheduler not in CONSTANT_SCHEDULES:
+        errors.append(f"--actor.lr_scheduler {args.actor.lr_scheduler}: the LR schedule is sized from the fresh batches, "
+                      "so every condition warms up over the same rollout steps; the optimizer steps replay adds "
+                      "would run past the end of a decaying schedule. Use constant_with_warmup (METHOD.md: constant "
+                      "after the warm-up)")
+    from openrlhf_replay.trainer.ppo_utils.experience_maker import data_parallel_ranks
+
     ranks = data_parallel_ranks(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     if fresh % (args.rollout.micro_batch_size * ranks):
@@ -123,10 +134,11 @@ def replay_arg_errors(args) -> list[str]:
     if fresh % args.train.batch_size:
         errors.append(f"{fresh} fresh rollouts per step are not a whole number of --train.batch_size "
                       f"{args.train.batch_size} batches; make rollout.batch_size x n_samples_per_prompt a multiple of it")
-    if config.mode != "success" and replay_per_step(config, args) == 0:
-        errors.append(f"--replay.ratio {config.ratio} x {fresh} fresh rollouts rounds to 0 whole training batches of "
-                      f"--train.batch_size {args.train.batch_size}; use --replay.ratio >= "
-                      f"{args.train.batch_size / 2 / fresh:.3g} or a smaller --train.batch_size")
+    if replay_per_step(config, args) == 0:
+        wanted = (f"--replay.per_prompt {config.per_prompt} x {args.rollout.batch_size} prompts"
+                  if config.mode == "success" else f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
+        errors.append(f"{wanted} rounds to 0 whole training batches of --train.batch_size {args.train.batch_size} "
+                      "(halves round up): replay more per step, or use a smaller --train.batch_size")
     return errors
 
 
@@ -136,11 +148,14 @@ def _describe(args) -> str:
     config = ReplayConfig.from_namespace(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     k = replay_per_step(config, args)
-    note = "" if k == config.ratio * fresh else (
-        f" (ratio x fresh = {config.ratio * fresh:g}, rounded to whole --train.batch_size {args.train.batch_size} "
-        "batches so every rank runs the same optimizer steps)")
+    wanted = config.per_prompt * args.rollout.batch_size if config.mode == "success" else config.ratio * fresh
+    note = "" if k == wanted else (
+        f" ({wanted:g} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
+        "runs the same optimizer steps)")
     if config.mode == "success":
-        return f"replay: mode success (RLEP), up to {config.per_prompt} replayed successes per prompt, after step {config.warmup}"
+        return (f"replay: mode success (RLEP), {k} replayed successes + {fresh} fresh rollouts per step after step "
+                f"{config.warmup}{note}, on the steps whose prompts have at least {k} stored successes (a prompt "
+                "returns once per epoch: from the second epoch on)")
     return f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step {config.warmup}{note}"
 
 

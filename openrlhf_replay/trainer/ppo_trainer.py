@@ -4,22 +4,24 @@ checkpoints.
 The buffer lives here, in the controller process, next to the experience maker that feeds it.
 Seams used (OpenRLHF 0.11.2): `BasePPOTrainer.__init__` builds `self.experience_maker` (replaced
 by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics),
-`_compute_rollout_stats` (fresh rows only), `get_max_steps` (counts replay's optimizer steps),
-`save_logs_and_checkpoints` and `init_checkpoint_states` (replay state beside each checkpoint).
+`_compute_rollout_stats` (fresh rows only), `save_logs_and_checkpoints` and
+`init_checkpoint_states` (replay state beside each checkpoint). `get_max_steps` is upstream's:
+the LR schedule is sized from the fresh batches in every condition, so each warms up over the
+same rollout steps (replay starts after the LR warm-up, and the launcher refuses schedules that
+decay with replay on, since the steps replay adds would run past their end).
 """
 from __future__ import annotations
 
 import os
 
 import ray
-import torch
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY
+from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.utils import state_digest, undecorated
-from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
+from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig, nominal_replay_count
 
 logger = init_logger(__name__)  # upstream's handler: a bare logger prints nothing inside a Ray actor
 
@@ -27,11 +29,18 @@ REPLAY_STATE_KEY = "replay_state"  # client_states key: the replay file saved wi
 
 
 def replay_per_step(config: ReplayConfig, args) -> int:
-    """Replayed rollouts per step once the buffer is full enough: round(ratio * fresh) rounded to
-    whole training batches, so every data-parallel rank runs the same number of optimizer steps."""
+    """Replayed rollouts per step once the buffer holds enough: ratio x fresh (success mode:
+    per_prompt x prompts) in whole training batches, so every data-parallel rank runs the same
+    number of optimizer steps; the buffer's own rounding rule (`nominal_replay_count`)."""
+    if config.mode == "success":
+        return nominal_replay_count(config.per_prompt * args.rollout.batch_size, 1.0, args.train.batch_size)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
-    unit = args.train.batch_size
-    return int(round(config.ratio * fresh / unit)) * unit
+    return nominal_replay_count(fresh, config.ratio, args.train.batch_size)
+
+
+def rollout_steps(args, n_prompts: int) -> int:
+    """Rollout steps in the whole run: a step per rollout batch of prompts, every episode."""
+    return -(-n_prompts // args.rollout.batch_size) * args.train.num_episodes
 
 
 def replay_state_dir(args) -> str:
@@ -43,7 +52,8 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
                  reference_model_group, vllm_engines, **generate_kwargs):
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
-        self.replay_config = ReplayConfig.from_namespace(self.args)
+        run_steps = rollout_steps(self.args, len(self.prompts_dataloader))  # its batch size is 1 prompt
+        self.replay_config = ReplayConfig.from_namespace(self.args).for_run(run_steps)
         self.replay = ReplayBuffer(self.replay_config)
         self.experience_maker = ReplayExperienceMaker(
             self.actor_model_group, self.critic_model_group, self.reward_model_group, self.reference_model_group,
@@ -56,7 +66,7 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
         self.experience_maker.step = global_step
         status, next_step = super().train_step(rollout_samples, global_step)
         if self.replay_config.enabled:
-            status.update(_split_loss_stats(status))
+            status.update(split_by_row_kind(status))
             status.update(self.replay.metrics())
             status["replay/overhead_s"] = self.experience_maker.replay_seconds
         return status, next_step
@@ -67,19 +77,6 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
             return super()._compute_rollout_stats(experiences)
         fresh = [e for e in experiences if not bool(e.info[REPLAYED_KEY].any())]
         return super()._compute_rollout_stats(fresh)
-
-    def get_max_steps(self):
-        """Upstream sizes the LR schedule from fresh rollouts; replay adds whole training batches."""
-        max_steps = super().get_max_steps()
-        if not self.replay_config.enabled:
-            return max_steps
-        args = self.args
-        fresh_batches = args.rollout.batch_size * args.rollout.n_samples_per_prompt // args.train.batch_size
-        steps = max_steps // max(fresh_batches * args.train.max_epochs, 1)  # rollout steps in the run
-        replay_batches = replay_per_step(self.replay_config, args) // args.train.batch_size
-        extra = max(steps - self.replay_config.warmup, 0) * replay_batches * args.train.max_epochs
-        logger.info(f"replay: LR schedule over {max_steps} + {extra} optimizer steps (fresh + replayed)")
-        return max_steps + extra
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -134,25 +131,6 @@ def restore_replay_state(states: dict, args, config: ReplayConfig) -> ReplayBuff
         return ReplayBuffer(config)
     logger.info(f"replay: restored {len(replay)} rollouts from {name} (state {state_digest(replay.state_dict())})")
     return replay
-
-
-def _split_loss_stats(status: dict) -> dict:
-    """Clip fraction and ratio statistics of fresh vs replayed rows.
-
-    The actors log per-row values multiplied by the row's replay flag (`*_replay_x`) or its
-    complement (`*_fresh_x`); upstream averages them over all rows, so dividing by the replayed
-    (fresh) fraction gives the mean over replayed (fresh) rows.
-    """
-    frac = status.get(REPLAYED_KEY)
-    if frac is None:
-        return {}
-    out = {}
-    for key in [k for k in status if k.endswith("_x")]:
-        value = status.pop(key)
-        share = frac if key.endswith("_replay_x") else 1.0 - frac
-        if share > 0:
-            out[key[: -len("_x")]] = value / share
-    return out
 
 
 ReplayPPOTrainer = ray.remote(_ReplayPPOTrainer)

@@ -25,6 +25,7 @@ BASE_ARGV = [
     "--train.batch_size", "8",
     "--train.micro_batch_size", "2",
     "--actor.num_gpus_per_node", "1",
+    "--actor.lr_scheduler", "constant_with_warmup",
 ]
 
 

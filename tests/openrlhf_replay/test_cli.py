@@ -43,7 +43,11 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--train.async_enable"], "async_enable"),
     (["--algo.kl.init_coef", "0.01"], "KL must be off"),
     (["--replay.off_policy", "refresh"], "is_correction_level"),
-    (["--replay.ratio", "0.1"], "rounds to 0 whole training batches"),
+    # upstream's default IS mode masks tokens; METHOD.md's refresh truncates the weight
+    (["--replay.off_policy", "refresh", "--algo.advantage.is_correction_level", "token"], "mask drops tokens"),
+    (["--actor.lr_scheduler", "cosine_with_min_lr"], "constant_with_warmup"),
+    (["--replay.ratio", "0.12"], "rounds to 0 whole training batches"),  # 0.12 x 32 = 3.84 < half of 8
+    (["--replay.mode", "success", "--replay.per_prompt", "1", "--train.batch_size", "32"], "rounds to 0"),
     (["--rollout.batch_size", "3"], "multiple of"),
     (["--replay.mode", "success", "--algo.advantage.estimator", "rloo"], "recomputes group advantages"),
 ])
@@ -56,7 +60,10 @@ def test_combinations_replay_cannot_run_are_refused(make_args, extra, fragment):
 def test_a_valid_replay_configuration_passes(make_args):
     assert replay_arg_errors(make_args("--replay.mode", "advantage")) == []
     assert replay_arg_errors(make_args("--replay.mode", "freshness", "--replay.off_policy", "refresh",
-                                       "--algo.advantage.is_correction_level", "token")) == []
+                                       "--algo.advantage.is_correction_level", "token",
+                                       "--algo.advantage.is_correction_mode", "clip")) == []
+    # ratio 0.125 x 32 fresh = 4 = half a training batch of 8: rounds up to one batch, not refused
+    assert replay_arg_errors(make_args("--replay.mode", "advantage", "--replay.ratio", "0.125")) == []
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 
@@ -84,6 +91,19 @@ def test_cli_help_lists_upstream_and_replay_flags():
     for flag in ("--rollout.n_samples_per_prompt", "--algo.advantage.estimator", "--replay.mode",
                  "--replay.max_age", "--replay.off_policy"):
         assert flag in proc.stdout
+
+
+def test_launcher_states_the_replay_count_it_will_run(make_args):
+    from openrlhf_replay.cli.train_ppo_ray import _describe
+    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
+    from replay import ReplayConfig
+
+    # 8 prompts x 4 = 32 fresh, training batches of 8: ratio 0.625 -> 20 = 2.5 batches -> 3 (halves up)
+    args = make_args("--replay.mode", "advantage", "--replay.ratio", "0.625")
+    assert replay_per_step(ReplayConfig.from_namespace(args), args) == 24
+    assert "24 replayed + 32 fresh rollouts per step after step 20 (20 rounded to whole" in _describe(args)
+    success = make_args("--replay.mode", "success", "--replay.per_prompt", "2")
+    assert "16 replayed successes + 32 fresh rollouts per step after step 20" in _describe(success)
 
 
 def test_cli_rejects_a_bad_replay_value_with_its_name():

@@ -36,28 +36,42 @@ def experiences_to_rollouts(experiences: list[Experience], version: int, n_sampl
     advantage is the value at the row's first action token (the same on all its action tokens for
     the group estimators with KL off, the only setting replay accepts).
     """
-    prompts, responses, masks, logprobs, rewards, advantages, uids, groups = ([] for _ in range(8))
-    for exp in experiences:
-        lengths = exp.attention_mask.sum(-1).tolist()
-        action_mask = exp.action_mask.bool().cpu()
-        log_probs = exp.action_log_probs.float().cpu()
-        advs = exp.advantages.float().cpu()
-        sequences = exp.sequences.cpu()
-        for row, length in enumerate(lengths):
-            mask = action_mask[row, : length - 1]
-            action_positions = torch.nonzero(mask).flatten()
-            start = int(action_positions[0]) if len(action_positions) else length - 1  # no action: empty response
-            prompt = sequences[row, : start + 1].numpy()
-            prompts.append(prompt)
-            responses.append(sequences[row, start + 1 : length].numpy())
-            masks.append(mask[start:].numpy())
-            logprobs.append(log_probs[row, start : length - 1].numpy())
-            advantages.append(float(advs[row, start]) if len(action_positions) else 0.0)
-            rewards.append(float(exp.rewards[row]))
-            uids.append(prompt_uid(prompt))
-            # Upstream numbers a step's rollouts in prompt-major order (`split_rollout_samples`).
-            groups.append((version << 32) + exp.index[row] // n_samples_per_prompt)
-    return RolloutBatch.from_lists(prompts, responses, masks, logprobs, rewards, advantages, uids, groups, version)
+    parts = [_rows_of(exp, version, n_samples_per_prompt) for exp in experiences]
+    return RolloutBatch.concat(parts)
+
+
+def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int) -> RolloutBatch:
+    """One micro-batch's rows as rollouts, without a loop over rows (but for the prompt hashes)."""
+    sequences = exp.sequences.cpu()  # (B, T)
+    lengths = exp.attention_mask.sum(-1).cpu()  # (B,) prompt + response
+    width = sequences.shape[1]
+    cols = torch.arange(width - 1)  # column j scores token j + 1
+    real = cols < (lengths - 1)[:, None]  # (B, T - 1)
+    action = exp.action_mask.bool().cpu() & real
+    has_action = action.any(-1)
+    # The response starts at the first action column (no action at all: an empty response).
+    start = torch.where(has_action, action.int().argmax(-1), lengths - 1)  # (B,)
+    tokens = torch.arange(width)
+    prompt_part = tokens <= start[:, None]  # (B, T)
+    response_part = (tokens > start[:, None]) & (tokens < lengths[:, None])
+    scored = real & (cols >= start[:, None])  # (B, T - 1): the response's columns
+    advantages = exp.advantages.float().cpu().gather(1, start.clamp(max=width - 2)[:, None]).squeeze(1)
+    prompt_lengths, response_lengths = prompt_part.sum(-1).numpy(), response_part.sum(-1).numpy()
+    prompt_ids = sequences[prompt_part].numpy().astype(np.int32)
+    prompt_offsets = np.r_[0, np.cumsum(prompt_lengths)].astype(np.int64)
+    uids = [prompt_uid(prompt_ids[a:b]) for a, b in zip(prompt_offsets[:-1], prompt_offsets[1:])]
+    # Upstream numbers a step's rollouts in prompt-major order (`split_rollout_samples`).
+    groups = (version << 32) + np.asarray(exp.index, np.int64) // n_samples_per_prompt
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_offsets=prompt_offsets,
+        response_ids=sequences[response_part].numpy().astype(np.int32),
+        response_offsets=np.r_[0, np.cumsum(response_lengths)].astype(np.int64),
+        action_mask=exp.action_mask.bool().cpu()[scored].numpy(),
+        behaviour_logprobs=exp.action_log_probs.float().cpu()[scored].numpy(),
+        rewards=exp.rewards.float().cpu().numpy().reshape(-1),
+        advantages=torch.where(has_action, advantages, 0.0).numpy(),
+        prompt_uids=np.asarray(uids, np.int64), group_ids=groups,
+        versions=np.full(len(uids), version, np.int64), reuse_counts=np.zeros(len(uids), np.int32))
 
 
 def rollouts_to_experiences(
@@ -87,21 +101,13 @@ def rollouts_to_experiences(
 
 def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience, pad_token_id: int, step: int):
     n = len(part)
-    p_len, r_len = part.prompt_lengths, part.response_lengths
-    total = p_len + r_len
-    width = int(total.max())
-    sequences = torch.full((n, width), pad_token_id, dtype=template.sequences.dtype)
-    attention_mask = torch.zeros((n, width), dtype=template.attention_mask.dtype)
-    action_mask = torch.zeros((n, width - 1), dtype=template.action_mask.dtype)
-    behaviour = torch.zeros((n, width - 1), dtype=template.action_log_probs.dtype)
-    for i in range(n):
-        p, t = int(p_len[i]), int(total[i])
-        sequences[i, :p] = torch.from_numpy(part.prompt(i).astype(np.int64))
-        sequences[i, p:t] = torch.from_numpy(part.response(i).astype(np.int64))
-        attention_mask[i, :t] = 1
-        lo, hi = part.response_offsets[i], part.response_offsets[i + 1]
-        action_mask[i, p - 1 : t - 1] = torch.from_numpy(part.action_mask[lo:hi])
-        behaviour[i, p - 1 : t - 1] = torch.from_numpy(part.behaviour_logprobs[lo:hi])
+    padded = part.to_padded(pad_token_id)  # right-padded prompt + response, upstream's layout
+    sequences = torch.from_numpy(padded["sequences"]).to(template.sequences.dtype)
+    attention_mask = torch.from_numpy(padded["attention_mask"]).to(template.attention_mask.dtype)
+    action_mask = torch.from_numpy(padded["action_mask"]).to(template.action_mask.dtype)
+    behaviour = torch.from_numpy(padded["behaviour_logprobs"]).to(template.action_log_probs.dtype)
+    total = padded["lengths"]
+    r_len = part.response_lengths
     advantage = torch.from_numpy(part.advantages * weights)  # (n,)
     per_token_adv = advantage[:, None] * action_mask.float()  # (n, width - 1)
     rewards = torch.from_numpy(part.rewards).to(template.rewards.dtype)
@@ -156,6 +162,31 @@ def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience
         else:  # per-row statistics of the generation step (kl, clip ratio, ...): not stored
             info[key] = torch.zeros(n, dtype=like.dtype)
     return Experience(**kwargs, info=info)
+
+
+def per_kind(name: str, value: torch.Tensor, replayed: torch.Tensor, kind: str) -> dict:
+    """{`<name>@<kind>`: the per-row `value` (B,) on rows of that kind, 0 on the others}.
+
+    Upstream averages a per-row statistic over all rows; `split_by_row_kind` turns that average of
+    the masked values back into the mean over one kind of row."""
+    flags = replayed.float() if kind == "replay" else 1.0 - replayed.float()
+    return {f"{name}@{kind}": value.float() * flags}
+
+
+def split_by_row_kind(status: dict) -> dict:
+    """{name: mean over its kind of row} from the `<name>@fresh` / `<name>@replay` averages in a
+    step's `status` (which it pops): an average over all rows of values masked to one kind, divided
+    by that kind's share of the rows (`REPLAYED_KEY`'s average). A kind with no rows this step
+    gets no value rather than a made-up 0."""
+    replayed_share = status.get(REPLAYED_KEY)
+    out = {}
+    for key in [k for k in status if k.endswith(("@fresh", "@replay"))]:
+        value = status.pop(key)
+        name, kind = key.rsplit("@", 1)
+        share = 1.0 - replayed_share if kind == "fresh" else replayed_share
+        if replayed_share is not None and share > 0:
+            out[name] = value / share
+    return out
 
 
 def mark_fresh(experiences: list[Experience]) -> None:

@@ -46,6 +46,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.replay = replay_buffer
         self.step = 0
         self.replay_seconds = 0.0  # wall time of the replay work in the last step (conversion, store, draw)
+        self.composition = None  # the last step's fresh + replayed rollouts (`replay.Composition`)
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
         fresh = super().make_experience_batch(rollout_samples)
@@ -55,7 +56,8 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         args = self.args
         mark_fresh(fresh)
         rollouts = experiences_to_rollouts(fresh, self.step, args.rollout.n_samples_per_prompt)
-        comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size)
+        comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
+                                divide_by_std=args.algo.advantage.estimator != "dr_grpo")
         if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
         ranks = data_parallel_ranks(args)
@@ -65,6 +67,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
             for part, w in _split_even(comp.replayed, comp.weights, ranks)
         ]
         self.replay_seconds = time.perf_counter() - t0
+        self.composition = comp
         if self.replay.config.off_policy == "refresh" and len(comp.replayed):
             self._refresh_old_log_probs([e for part in per_rank for e in part])
         return arrange_for_ranks(fresh, per_rank)

@@ -1,10 +1,21 @@
-"""Training actors that report PPO statistics separately for fresh and replayed rows.
+"""Training actors that report their statistics per kind of row, and their own balance across ranks.
 
-Upstream's `ActorPPOTrainer.training_step` logs one clip fraction per micro-batch, which mixes
-fresh and replayed rows; a stale replay that fights the clip would hide inside it. Seams used
-(OpenRLHF 0.11.2): `PolicyModelActor.init_model_from_pretrained` builds `self.trainer`
-(its class is switched to the subclass below, which only adds behaviour), `training_step`
-(wrapped), and `PolicyLoss.forward` (wrapped: the per-row statistics come from its inputs).
+Upstream's `ActorPPOTrainer` averages every statistic over all rows of a micro-batch. With replay
+that mixes two populations: one clip fraction for fresh and replayed rows together (a stale replay
+fighting the clip would hide inside it), and generation statistics (reward, response length,
+truncation, group reward std, ...) averaged with replayed rows, which carry stored copies or
+zeros. Here each such statistic is logged per kind of row (`<name>@fresh` / `<name>@replay`, see
+`split_by_row_kind`): upstream's generation keys then describe fresh rollouts only, as the
+controller's `rollout/*` statistics do.
+
+Each rank also reports what it trained on, reduced over the ranks as min and max: Experience
+micro-batches received (fresh and replayed), optimizer steps taken, and a checksum of its
+weights. Equal min and max mean balanced ranks; unequal ones are the first sign of a hang.
+
+Seams used (OpenRLHF 0.11.2): `PolicyModelActor.init_model_from_pretrained` builds `self.trainer`
+(its class is switched to the subclass below, which only adds behaviour), `append` and `fit`
+(wrapped), `ActorPPOTrainer.training_step` (wrapped) and `PolicyLoss.forward` (wrapped: the
+per-row statistics come from its inputs).
 """
 from __future__ import annotations
 
@@ -13,8 +24,11 @@ import torch
 from openrlhf.models import PolicyLoss
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY
+from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, per_kind
 from openrlhf_replay.utils import undecorated
+
+# Generation statistics that mean something on replayed rows too (stored with the rollout).
+REPLAYED_ROW_STATS = ("reward", "response_length")
 
 
 def row_ratio_stats(log_probs, old_log_probs, advantages, action_mask, clip_low: float, clip_high: float):
@@ -30,9 +44,14 @@ def row_ratio_stats(log_probs, old_log_probs, advantages, action_mask, clip_low:
     return (clipped * mask).sum(-1) / tokens, (ratio * mask).sum(-1) / tokens, (log_ratio.abs() * mask).sum(-1) / tokens
 
 
+def _replayed_rows(info: dict, device=None) -> torch.Tensor:
+    """(B,) float: 1.0 on replayed rows. After the actor's collate, 0-d info values arrive as a list."""
+    return torch.as_tensor([float(x) for x in info[REPLAYED_KEY]], device=device)
+
+
 class SplitStatsPolicyLoss(PolicyLoss):
-    """Upstream's `PolicyLoss` (same loss, same return), which also writes per-row statistics,
-    split by the replay flag, into the info dict of the micro-batch being trained (`row_info`)."""
+    """Upstream's `PolicyLoss` (same loss, same return), which also writes per-row clip and ratio
+    statistics, per kind of row, into the info dict of the micro-batch being trained (`row_info`)."""
 
     row_info: dict | None = None
 
@@ -40,19 +59,17 @@ class SplitStatsPolicyLoss(PolicyLoss):
         out = super().forward(log_probs, old_log_probs, advantages, action_mask=action_mask, **kwargs)
         info = self.row_info
         if info is not None and REPLAYED_KEY in info and action_mask is not None:
-            # After the actor's collate, 0-d info values arrive as a list (make_experience_batch).
-            replayed = torch.as_tensor([float(x) for x in info[REPLAYED_KEY]], device=log_probs.device)
+            replayed = _replayed_rows(info, log_probs.device)
             stats = row_ratio_stats(log_probs, old_log_probs, advantages, action_mask,
                                     self.clip_eps_low, self.clip_eps_high)
             for name, value in zip(("clip_frac", "ratio_mean", "abs_log_ratio"), stats):
-                # Averaged over all rows by upstream, then divided by the row share by the controller.
-                info[f"replay/{name}_replay_x"] = (value * replayed).cpu()
-                info[f"replay/{name}_fresh_x"] = (value * (1 - replayed)).cpu()
+                info.update(per_kind(f"replay/{name}_fresh", value.cpu(), replayed.cpu(), "fresh"))
+                info.update(per_kind(f"replay/{name}_replay", value.cpu(), replayed.cpu(), "replay"))
         return out
 
 
 class ReplayActorPPOTrainer(ActorPPOTrainer):
-    """`ActorPPOTrainer` whose loss also reports fresh vs replay statistics."""
+    """`ActorPPOTrainer` whose statistics are split by kind of row."""
 
     def enable_split_stats(self) -> None:
         self.actor_loss_fn.__class__ = SplitStatsPolicyLoss  # same state, one extra behaviour
@@ -60,19 +77,66 @@ class ReplayActorPPOTrainer(ActorPPOTrainer):
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         self.actor_loss_fn.row_info = experience.info
         try:
-            return super().training_step(experience, kl_ctl, step, loss_batch_info)
+            status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
             self.actor_loss_fn.row_info = None
+        if REPLAYED_KEY in experience.info:
+            split_generation_stats(status, _replayed_rows(experience.info))
+        return status
+
+
+def split_generation_stats(status: dict, replayed: torch.Tensor) -> None:
+    """In a `training_step` result, replace each per-row statistic of generation (upstream's
+    sample-weighted keys; not this project's `replay/` keys) by its fresh-rows part, and add the
+    replayed-rows part of those a stored rollout carries (`REPLAYED_ROW_STATS`)."""
+    metrics, weights = status["metrics"], status["weights"]
+    for key in [k for k, w in weights.items() if w == "sample" and not k.startswith("replay/")]:
+        value = metrics.pop(key).float().reshape(-1)
+        del weights[key]
+        parts = per_kind(key, value, replayed, "fresh")
+        if key in REPLAYED_ROW_STATS:
+            parts |= per_kind(f"replay/{key}_replay", value, replayed, "replay")
+        metrics.update(parts)
+        weights.update(dict.fromkeys(parts, "sample"))
 
 
 class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
+        self._received = {"fresh": 0, "replayed": 0}
         if getattr(getattr(strategy.args, "replay", None), "mode", "none") != "none":
             # Upstream builds its ActorPPOTrainer inline; building a second one would open a
             # second weight-sync group to vLLM, so the instance is switched to the subclass.
             self.trainer.__class__ = ReplayActorPPOTrainer
             self.trainer.enable_split_stats()
+
+    def append(self, experience):
+        flags = experience.info.get(REPLAYED_KEY)
+        self._received["replayed" if flags is not None and bool(torch.as_tensor(flags).bool().any())
+                       else "fresh"] += 1
+        super().append(experience)
+
+    def fit(self, kl_ctl: float = 0):
+        engine = self.actor.model
+        steps_before = engine.global_steps
+        status = super().fit(kl_ctl)
+        mine = {"fresh_micro_batches": self._received["fresh"], "replayed_micro_batches": self._received["replayed"],
+                "optimizer_steps": engine.global_steps - steps_before}
+        if self.strategy.args.ds.zero_stage < 3:  # ZeRO-3 ranks hold different shards: nothing to compare
+            mine["weights_checksum"] = sum(p.detach().double().abs().sum() for p in engine.parameters()).item()
+        status.update(rank_spread(self.strategy, mine))
+        self._received = {"fresh": 0, "replayed": 0}
+        return status
+
+
+def rank_spread(strategy, values: dict) -> dict:
+    """`replay/rank_<name>_min` and `_max` of each value over the data-parallel ranks (float64)."""
+    out = {}
+    for name, value in values.items():
+        mine = torch.tensor([float(value)], dtype=torch.float64)
+        out[f"replay/rank_{name}_max"] = strategy.all_reduce(mine.clone(), op="max").item()
+        out[f"replay/rank_{name}_min"] = -strategy.all_reduce(-mine, op="max").item()
+    return out
 
 
 ReplayPolicyModelActor = ray.remote(num_gpus=1)(_ReplayPolicyModelActor)
