@@ -93,19 +93,22 @@ def evaluate_heldout(model_dir: Path | str, pairs: list[tuple[int, int]], *,
 
     `hf` (transformers generate) is used by default: for a sub-million-parameter model it
     answers 200 problems in seconds, where starting a vLLM engine takes tens of seconds.
-    Grading calls `evaluation.grader.grade` in this process: responses are at most
-    `max_new_tokens` long, so math-verify needs no time limit, and the harness's worker pool
-    (`Grader`) was seen to hang at start-up when created after torch on this machine.
+    Grading goes through the harness's bounded path, the process-wide pool that
+    `evaluation.grader.grade` and `evaluation/reward.py` use (`shared_grader`: at most 10 s of
+    a worker per answer). It is fetched before generating so that, on the first call, its
+    workers start while the model generates; later calls reuse it.
     """
     from evaluation.generation import make_backend
-    from evaluation.grader import Verdict, grade
+    from evaluation.grader import Verdict, shared_grader
 
     t0 = time.perf_counter()
+    grader = shared_grader()
     prompts = [HARNESS_TEMPLATE.replace("{problem}", problem_text(a, b)) for a, b in pairs]
     options = {"dtype": "float32", "batch_rows": 256} if backend == "hf" else {}
     with make_backend(backend, model_dir, **options) as engine:
         gens = [g[0] for g in engine.generate(prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens)]
-    correct = sum(grade(g.text, str(a + b)) == Verdict.CORRECT for g, (a, b) in zip(gens, pairs))
+    verdicts = grader.grade_many([(g.text, str(a + b)) for g, (a, b) in zip(gens, pairs)])
+    correct = sum(v is Verdict.CORRECT for v in verdicts)
     return HeldoutResult(accuracy=correct / len(pairs),
                          mean_response_tokens=sum(g.n_tokens for g in gens) / len(gens),
                          n=len(pairs), seconds=time.perf_counter() - t0)

@@ -1,5 +1,6 @@
 """`grade()` is bounded for every caller: pathological answers, threads, forked and spawned
-children, a Ray actor, scripts that import torch first, and a worker killed mid-sample.
+children, a Ray actor, scripts that import torch first, a worker killed mid-sample, and the
+sample-efficiency lab's held-out evaluation.
 
 Every call is timed; none may take more than its limit + 2 s, the pool's start-up included. The
 in-process calls run in a thread joined with that bound, so a regression fails instead of hanging.
@@ -287,3 +288,61 @@ def test_grade_in_forked_and_spawned_children(tmp_path, method):
         assert 2.0 - 0.05 <= out["pathological"][1] <= 2.0 + SLACK_S
         if method == "fork":
             assert "make a new one here" in out["inherited"]
+
+
+# ---- the sample-efficiency lab's held-out grading -----------------------------------------
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import se_task  # noqa: E402
+
+PAIRS = [(12, 30), (45, 45), (99, 10), (23, 51)]
+
+
+class FakeBackend:
+    """Stands in for `make_backend(...)`: every prompt gets `text` as its one greedy answer."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def generate(self, prompts, n, temperature, max_new_tokens):
+        answer = type("Generation", (), {"text": self.text, "n_tokens": 7})()
+        return [[answer] for _ in prompts]
+
+
+@pytest.fixture
+def short_pool_limit(monkeypatch):
+    """The shared pool remade with a 2 s per-sample limit for one test, then remade as before."""
+    shared_grader().close()
+    monkeypatch.setattr(grader, "DEFAULT_TIMEOUT_S", 2.0)
+    yield
+    shared_grader().close()  # the next user gets a pool with the default limit again
+
+
+def test_a_pathological_answer_cannot_stall_the_lab(monkeypatch, short_pool_limit):
+    # The lab used to call math-verify in-process: this answer would have stalled it for good.
+    monkeypatch.setattr("evaluation.generation.make_backend",
+                        lambda *a, **k: FakeBackend(PATHOLOGICAL["power_tower"]))
+    start = time.monotonic()
+    result = se_task.evaluate_heldout("unused", PAIRS)
+    # 4 answers, 2 s each, on the pool's workers (2 here), plus replacing the killed ones.
+    assert result.accuracy == 0.0 and result.n == len(PAIRS)
+    assert time.monotonic() - start < 30
+    assert shared_grader().n_timeouts == len(PAIRS)
+
+
+def test_the_lab_counts_correct_answers(monkeypatch):
+    monkeypatch.setattr("evaluation.generation.make_backend",
+                        lambda *a, **k: FakeBackend(r"\boxed{42}"))
+    assert se_task.evaluate_heldout("unused", PAIRS).accuracy == 0.25  # only 12 + 30 = 42
+
+
+def test_evaluate_heldout_on_a_tiny_model(tiny_model):
+    result = se_task.evaluate_heldout(tiny_model, PAIRS, max_new_tokens=4)
+    assert result.n == len(PAIRS) and 0.0 <= result.accuracy <= 1.0
+    assert result.mean_response_tokens <= 4
