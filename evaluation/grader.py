@@ -455,8 +455,11 @@ class Grader:
                                f"child, {os.getpid()}): make a new one here")
 
     def _release_after_fork(self) -> None:
-        """In a forked child: close this process's copies of the pool's sockets. The parent's
-        workers are left alone; they are not our children."""
+        """In a forked child: mark this copy closed (with a fresh lock: the inherited one may be
+        held by a thread the child lacks) and close its copies of the pool's sockets. The
+        parent's workers are left alone; they are not the child's."""
+        self._lock = threading.Lock()
+        self._closing = True
         for w in list(self._workers):
             w.close_fds()
         self._wake_r.close()

@@ -247,11 +247,12 @@ def child(conn, inherited):
                                         ("pathological", PATHO, "1", 2.0)]:
         start = time.monotonic()
         out[name] = [grade(response, gold, timeout_s=limit).value, time.monotonic() - start]
-    if inherited is not None:  # a forked child cannot use its parent's Grader, and says so
-        try:
+    if inherited is not None:  # a forked child cannot use its parent's Grader, says so,
+        try:                   # and can close it (as a `with` block would) without waiting
             inherited.submit(r"\\boxed{1}", "1")
         except RuntimeError as e:
             out["inherited"] = str(e)
+        inherited.close()
     conn.send(out)
 
 if __name__ == "__main__":
