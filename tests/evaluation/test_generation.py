@@ -106,9 +106,11 @@ def test_vllm_matches_hf_greedy_and_samples_by_the_same_rules(tiny_model, hf):
         vllm.close()
 
 
-def test_kv_cache_estimate(tiny_model, tmp_path):
+def test_kv_cache_estimate(tiny_model, tmp_path, monkeypatch):
     # 4 layers x (K and V) x 2 kv heads x 64 dims x 2 bytes = 2 KiB per token
-    assert estimate_kv_cache_gib(tiny_model, 1024, 1024) == 2
+    assert estimate_kv_cache_gib(tiny_model, 1024, 1024, dtype="bfloat16") == 2
     assert estimate_kv_cache_gib(tiny_model, 1024, 1024, dtype="float32") == 4
-    assert estimate_kv_cache_gib(tiny_model, 1025, 1024) == 3  # rounded up
+    monkeypatch.setenv("OPENRLHF_REPLAY_CPU_DTYPE", "fp32")  # auto: the CPU's dtype, here fp32
+    assert estimate_kv_cache_gib(tiny_model, 1024, 1024) == 4
+    assert estimate_kv_cache_gib(tiny_model, 1025, 1024, dtype="bfloat16") == 3  # rounded up
     assert estimate_kv_cache_gib(tmp_path, 1024, 1024) == 1  # no config.json: the default
