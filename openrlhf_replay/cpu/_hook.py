@@ -93,9 +93,10 @@ def install() -> None:
 
 
 def _die_with_parent() -> None:
-    """In a `multiprocessing` spawn child (vLLM's engine core and workers, the reward graders), ask
-    Linux to kill this process when its parent dies: a run stopped abruptly otherwise leaves
-    vLLM workers running on their own."""
+    """In a `multiprocessing` spawn child (vLLM's engine core and workers; the evaluation's graders
+    set their own), ask Linux to kill this process when its parent dies: a run stopped abruptly
+    otherwise leaves vLLM workers running on their own. Linux signals when the *thread* that
+    started the child ends, which for vLLM is its long-lived main thread."""
     try:
         with open("/proc/self/cmdline", "rb") as f:
             if b"multiprocessing.spawn" not in f.read():
