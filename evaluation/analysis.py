@@ -32,8 +32,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from evaluation.metrics import (aes, bootstrap_draws, mcnemar_p, mean_t_interval,
-                                percentile_interval)
+from evaluation.metrics import (CHUNK_DRAWS, aes, bootstrap_draws, mcnemar_p,
+                                mean_t_interval, percentile_interval)
 from evaluation.records import SampleRecord
 
 N_RESAMPLES = 10_000
@@ -185,7 +185,7 @@ def _sign_flip_p(diffs: Sequence[np.ndarray], seed: int, n_resamples: int) -> fl
     if observed == 0:
         return 1.0
     rng = np.random.default_rng(stream_seed(seed, "sign-flip"))
-    hits, block = 0, max(1, 2_000_000 // len(wd))
+    hits, block = 0, max(1, CHUNK_DRAWS // len(wd))
     for start in range(0, n_resamples, block):
         signs = rng.integers(0, 2, size=(min(block, n_resamples - start), len(wd))) * 2 - 1
         hits += int((np.abs(signs @ wd) >= observed * (1 - 1e-12)).sum())

@@ -51,9 +51,12 @@ NOT_COMPARED_SUFFIXES = (".source", ".bytes")
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file, read in chunks."""
+    """Hex sha256 of a file, read in 1 MiB chunks (hashlib.file_digest needs Python 3.11)."""
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def problems_sha256(problems: Iterable) -> str:
