@@ -45,6 +45,7 @@ class SampleStore:
         if not self.path.exists():
             return {}
         data = self.path.read_bytes()
+        verb = "dropping" if repair else "ignoring"  # a reader leaves the file as it is
         records: dict[SampleKey, dict] = {}
         good_end, start, line_no = 0, 0, 0
         while start < len(data):
@@ -56,13 +57,13 @@ class SampleStore:
                 key = sample_key(record) if record is not None else None
             except (ValueError, KeyError, TypeError) as e:
                 if end < 0 or not data[end + 1:].strip():
-                    logger.warning("%s: dropping torn last line %d (a killed writer)", self.path,
-                                   line_no)
+                    logger.warning("%s: %s torn last line %d (a killed writer)", self.path,
+                                   verb, line_no)
                     break
                 raise UserError(f"{self.path}:{line_no} is not a sample record ({e}) and is not "
                                 "the last line: the file is corrupt. Move it aside to start over.")
             if end < 0:  # valid JSON but no newline: still a torn write, its batch is incomplete
-                logger.warning("%s: dropping unterminated last line %d", self.path, line_no)
+                logger.warning("%s: %s unterminated last line %d", self.path, verb, line_no)
                 break
             if key is not None:
                 records.setdefault(key, record)

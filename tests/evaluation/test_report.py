@@ -110,6 +110,7 @@ def test_load_run_reads_only_what_the_summary_counts(tmp_path, caplog):
     assert [(r["problem_id"], r["sample_index"]) for r in loaded.records] == [
         ("2", 0), ("2", 1), ("0", 0), ("0", 1)]
     assert (tmp_path / "samples.jsonl").read_text().endswith('{"torn')  # compare never writes
+    assert "ignoring torn last line" in caplog.text
     run.summary["benchmarks"]["gsm8k"]["n_samples"] = 6
     with pytest.raises(UserError, match="rerun the run's `run` command"):
         comparison.load_run(tmp_path, run.summary)
