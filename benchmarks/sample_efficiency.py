@@ -80,11 +80,11 @@ class Args:
     eval_every: int = 4
     """Held-out evaluation every N steps (plus step 0, the warm start) (3 with --quick)."""
     replay_ratio: float = 0.5
-    """Replayed rollouts per fresh rollout once replay starts (METHOD.md default)."""
+    """Replayed rollouts per fresh rollout once replay starts (docs/METHOD.md default)."""
     replay_warmup: int = 4
-    """Steps before replay starts (METHOD.md: 20 of ~230 steps; here 4 of 48)."""
+    """Steps before replay starts (docs/METHOD.md: 20 of ~230 steps; here 4 of 48)."""
     replay_max_age: int = 10
-    """Age limit (steps) for uniform / advantage (METHOD.md default)."""
+    """Age limit (steps) for uniform / advantage (docs/METHOD.md default)."""
     naive_capacity: int = 512
     """naive: FIFO size in rollouts (4 steps' worth of fresh rollouts)."""
     freshness_tau: float = 5.0
@@ -173,7 +173,7 @@ def condition_flags(cond: str, a: Args) -> list[str]:
 
 
 def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_dir: Path) -> list[str]:
-    """The launcher command: METHOD.md's loss settings, sized for a CPU (see Args)."""
+    """The launcher command: docs/METHOD.md's loss settings, sized for a CPU (see Args)."""
     return [
         sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray",
         "--actor.model_name_or_path", str(model),

@@ -3,7 +3,7 @@ and the statistics reports put on them: bootstrap CIs, the exact McNemar / sign 
 intervals over seeds.
 
 Every sample counts in every denominator: unparseable and timed-out samples are wrong answers,
-never dropped (METHOD.md section 5).
+never dropped (docs/METHOD.md section 5).
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def maj_at_n(answers: Sequence[str | None], correct_flags: Sequence[bool]) -> fl
 
 def aes(acc: float, length: float, base_acc: float, base_length: float,
         alpha: float = 1.0, beta: float = 3.0, gamma: float = 5.0) -> float:
-    """Accuracy-efficiency score against a baseline (O1-Pruner; METHOD.md section 5).
+    """Accuracy-efficiency score against a baseline (O1-Pruner; docs/METHOD.md section 5).
 
     dLen = (base_length - length) / base_length; dAcc = (acc - base_acc) / base_acc (relative);
     AES = alpha * dLen + beta * |dAcc| if dAcc >= 0, else alpha * dLen - gamma * |dAcc|.
@@ -176,7 +176,7 @@ def summarize(samples: Iterable[SampleRecord | Mapping]) -> dict[str, dict]:
 def macro_average(per_benchmark: Mapping[str, Mapping],
                   benchmarks: Sequence[str] = DEFAULT_BENCHMARKS,
                   metric: str = "accuracy") -> float:
-    """Unweighted mean of `metric` over `benchmarks` (by default the five of METHOD.md).
+    """Unweighted mean of `metric` over `benchmarks` (by default the five of docs/METHOD.md).
 
     Raises ValueError when a benchmark or its metric is missing: a partial average would not be
     comparable with a full one.

@@ -2,9 +2,9 @@
 paper-style comparison table (rendered by `comparison`), sweep curves, and the shared formatting
 and plotting helpers.
 
-Accuracies are shown in percent. The "avg" column is the macro average over the five METHOD.md
-benchmarks when every compared run has all five (else over the benchmarks all runs share, and
-the header says how many); "tokens" is the macro mean of the per-benchmark mean response
+Accuracies are shown in percent. The "avg" column is the macro average over the five
+docs/METHOD.md benchmarks when every compared run has all five (else over the benchmarks all runs
+share, and the header says how many); "tokens" is the macro mean of the per-benchmark mean response
 tokens over the same benchmarks; AES (`metrics.aes`) compares those two against the baseline.
 """
 from __future__ import annotations

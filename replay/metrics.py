@@ -1,4 +1,4 @@
-"""The replay metrics of METHOD.md section 4 that the core can know, as pure functions.
+"""The replay metrics of docs/METHOD.md section 4 that the core can know, as pure functions.
 
 Keys are returned without the `replay/` prefix; `ReplayBuffer.metrics` adds it. Per-step
 statistics of the replayed part read 0 when nothing was replayed (see `replayed`).

@@ -11,7 +11,7 @@
 # <label> (the row name in compare.sh's table) is <CONDITION>_seed<SEED> or the model's name.
 # The evaluation resumes when rerun; a finished one (DONE) is never overwritten; other decoding
 # settings need another OUTPUT_DIR (the evaluation refuses to mix them in one directory).
-# Decoding: greedy by default; METHOD.md's sampled setting is
+# Decoding: greedy by default; docs/METHOD.md's sampled setting is
 #   N_SAMPLES=16 TEMPERATURE=0.6 TOP_P=0.95 bash examples/scripts/eval.sh
 # The prompt is the raw completion template the training scripts use (--prompt-template plain).
 # One GPU per evaluation (one vLLM engine): run several side by side with CUDA_VISIBLE_DEVICES=i.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Baseline: naive replay (Arnal et al., arXiv 2604.08706; METHOD.md section 3): whole groups in a
+# Baseline: naive replay (Arnal et al., arXiv 2604.08706; docs/METHOD.md section 3): whole groups in a
 # FIFO buffer of REPLAY_CAPACITY rollouts, drawn uniformly with replacement, no age limit; the
 # same ratio, warm-up and batch composition as the method.
 # Settings: environment variables, see common.sh; extra arguments are appended to the command.

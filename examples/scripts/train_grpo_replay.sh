@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The method: GRPO + rollout-level, advantage-prioritised replay (METHOD.md section 2): rollouts
+# The method: GRPO + rollout-level, advantage-prioritised replay (docs/METHOD.md section 2): rollouts
 # with A != 0 kept for tau_max = 10 steps, k = 0.5 x fresh replayed per step after 20 warm-up
 # steps, drawn with probability ~ (|A| + 1e-6) ** 0.5 without replacement, stale-anchor ratio.
 # Settings: environment variables, see common.sh; extra arguments are appended to the command.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ablation: the method without priority (METHOD.md section 3): rollouts with A != 0, age limit
+# Ablation: the method without priority (docs/METHOD.md section 3): rollouts with A != 0, age limit
 # tau_max = 10, drawn uniformly without replacement.
 # Settings: environment variables, see common.sh; extra arguments are appended to the command.
 set -euo pipefail

@@ -43,7 +43,7 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--train.async_enable"], "async_enable"),
     (["--algo.kl.init_coef", "0.01"], "KL must be off"),
     (["--replay.off_policy", "refresh"], "is_correction_level"),
-    # upstream's default IS mode masks tokens; METHOD.md's refresh truncates the weight
+    # upstream's default IS mode masks tokens; docs/METHOD.md's refresh truncates the weight
     (["--replay.off_policy", "refresh", "--algo.advantage.is_correction_level", "token"], "mask drops tokens"),
     (["--actor.lr_scheduler", "cosine_with_min_lr"], "constant_with_warmup"),
     (["--replay.ratio", "0.12"], "rounds to 0 whole training batches"),  # 0.12 x 32 = 3.84 < half of 8
