@@ -226,7 +226,8 @@ class ProjectSide:
         t1 = time.perf_counter()
         self.store.evict(step)
         t2 = time.perf_counter()
-        draw = self._advantage(self.store.view(), self.w.draw, step, self.rng, alpha=self.w.alpha, eps=self.w.eps)
+        draw = self._advantage(self.store.view(), self.w.draw, step, self.rng, alpha=self.w.alpha, eps=self.w.eps,
+                               replacement=False)
         t3 = time.perf_counter()
         got = self.store.gather(draw.indices)
         out = {k: self._from_numpy(getattr(got, k)) for k in GATHERED}

@@ -6,9 +6,9 @@ DeepSpeed or vLLM. See docs/METHOD.md sections 2-4.
 from replay.buffer import FORMAT_VERSION, ReplayBuffer
 from replay.checkpoint import ReplayCheckpointError, load_state, save_state
 from replay.composer import Composition, compose, compose_rlep, group_normalise, nominal_replay_count, replay_count
-from replay.config import MODES, OFF_POLICY, ReplayConfig, field_help
+from replay.config import MODE_DEFAULTS, MODES, OFF_POLICY, ModeDefaults, ReplayConfig, field_help
 from replay.metrics import age_histogram, composition_metrics, store_metrics, zero_variance_group_fraction
-from replay.record import REFUSAL_REASONS, RolloutBatch, filter_valid, refusals, validate_rollouts
+from replay.record import REFUSAL_REASONS, RolloutBatch, refusals
 from replay.samplers import (
     SAMPLERS,
     Draw,
@@ -26,13 +26,14 @@ from replay.samplers import (
 from replay.store import KEEP_RULES, InsertResult, RolloutStore, StoreView
 
 __all__ = [
-    "FORMAT_VERSION", "KEEP_RULES", "MODES", "OFF_POLICY", "REFUSAL_REASONS", "SAMPLERS",
+    "FORMAT_VERSION", "KEEP_RULES", "MODE_DEFAULTS", "MODES", "ModeDefaults", "OFF_POLICY", "REFUSAL_REASONS",
+    "SAMPLERS",
     "Composition", "Draw", "InsertResult", "ReplayBuffer", "ReplayCheckpointError", "ReplayConfig",
     "RolloutBatch", "RolloutStore", "Sampler", "StoreView",
     "advantage_priorities", "age_histogram", "beta_schedule", "compose", "compose_rlep",
-    "composition_metrics", "effective_sample_size", "field_help", "filter_valid", "freshness_priorities",
+    "composition_metrics", "effective_sample_size", "field_help", "freshness_priorities",
     "get_sampler", "group_normalise", "importance_weights", "load_state", "nominal_replay_count", "refusals",
     "replay_count",
-    "sampler_from_config", "save_state", "store_metrics", "uniform_draw", "validate_rollouts",
+    "sampler_from_config", "save_state", "store_metrics", "uniform_draw",
     "weighted_draw", "zero_variance_group_fraction",
 ]

@@ -17,7 +17,7 @@ from replay.checkpoint import ReplayCheckpointError, load_state, save_state
 from replay.composer import Composition, compose, compose_rlep
 from replay.config import ReplayConfig
 from replay.metrics import composition_metrics, store_metrics
-from replay.record import REFUSAL_REASONS, RolloutBatch
+from replay.record import RolloutBatch
 from replay.samplers import sampler_from_config
 from replay.store import RolloutStore
 
@@ -40,18 +40,16 @@ class ReplayBuffer:
 
     @staticmethod
     def _new_store(config: ReplayConfig) -> RolloutStore:
-        return RolloutStore(config.capacity, config.age_limit, keep=config.store_filter or "all",
+        return RolloutStore(config.capacity, config.max_age_steps, keep=config.store_filter or "all",
                             min_abs_advantage=config.min_abs_advantage, success_threshold=config.success_threshold)
 
     def __len__(self) -> int:
         return len(self.store)
 
-    def step(self, fresh: RolloutBatch, step: int, *, refused: Mapping[str, int] | None = None,
-             multiple_of: int = 1, divide_by_std: bool = True) -> Composition:
+    def step(self, fresh: RolloutBatch, step: int, *, multiple_of: int = 1, divide_by_std: bool = True) -> Composition:
         """One training step: evict by age at `step`; draw the replay part from what is already
         stored (so never this step's own rollouts); count the reuse; store `fresh` with
-        version `step`. `refused` adds rollouts the caller already dropped (e.g. from
-        `validate_rollouts`) to the refusal counters. Steps must increase. `multiple_of`: the number
+        version `step` (its faulty rollouts are refused and counted). Steps must increase. `multiple_of`: the number
         replayed is a multiple of it (see `nominal_replay_count`). `divide_by_std`: success mode
         recomputes enlarged groups' advantages as group_norm (True) or dr_grpo (False).
 
@@ -59,11 +57,6 @@ class ReplayBuffer:
         """
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} does not follow the last step {self.last_step}: steps must increase")
-        unknown = set(refused or {}) - set(REFUSAL_REASONS)
-        if unknown:
-            raise ValueError(f"unknown refusal reasons {sorted(unknown)}; valid: {', '.join(REFUSAL_REASONS)}")
-        for reason, count in (refused or {}).items():
-            self.store.counters[f"refused/{reason}"] += int(count)
         if self.config.enabled:
             self.store.evict(step)
             if self.config.mode == "success":

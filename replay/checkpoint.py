@@ -54,6 +54,14 @@ def save_state(path: str | os.PathLike, state: dict[str, Any]) -> None:
             os.close(dir_fd)
 
 
+def state_digest(state: dict[str, Any]) -> str:
+    """A short SHA-256 of `state` as `save_state` would write it: equal for equal contents. Logged
+    when the replay buffer is saved and restored, so a resume can be checked against both."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = json.dumps(_split(state, "", arrays), sort_keys=True).encode()
+    return _digest(meta, arrays)[:16]
+
+
 def load_state(path: str | os.PathLike) -> dict[str, Any]:
     """Read a state written by `save_state`; ReplayCheckpointError names the file and the problem."""
     path = os.fspath(path)

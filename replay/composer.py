@@ -43,11 +43,6 @@ class Composition:
         flags = np.r_[np.zeros(len(self.fresh), np.bool_), np.ones(len(self.replayed), np.bool_)]
         return flags if self.order is None else flags[self.order]
 
-    @property
-    def sample_weights(self) -> np.ndarray:
-        """(len(batch),) float32: 1 for fresh rows, the importance weight for replayed rows."""
-        w = np.r_[np.ones(len(self.fresh), np.float32), self.weights].astype(np.float32)
-        return w if self.order is None else w[self.order]
 
 
 def nominal_replay_count(n: int, ratio: float, multiple_of: int = 1) -> int:

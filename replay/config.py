@@ -17,15 +17,32 @@ from typing import Any, Optional
 
 MODES = ("none", "naive", "uniform", "advantage", "freshness", "success")
 OFF_POLICY = ("stale", "refresh")
-# Per mode: the sampler in samplers.SAMPLERS, the store's keep rule (store.KEEP_RULES) and the
-# default age limit (None = none: naive and freshness evict FIFO by capacity only).
-_MODE_SAMPLER = {"naive": "group", "uniform": "uniform", "advantage": "advantage",
-                 "freshness": "freshness", "success": "success"}
-_MODE_KEEP = {"naive": "nonzero_group", "uniform": "nonzero_advantage", "advantage": "nonzero_advantage",
-              "freshness": "nonzero_advantage", "success": "success"}
-# RLEP's pool keeps every success of a prompt: a prompt returns once per epoch, so an age limit
-# shorter than an epoch would empty it before its prompt comes back.
-_MODE_MAX_AGE = {"naive": None, "uniform": 10, "advantage": 10, "freshness": None, "success": None}
+
+
+@dataclass(frozen=True)
+class ModeDefaults:
+    """What a replay mode fixes, and the defaults of the knobs left unset (METHOD.md section 3)."""
+
+    sampler: str
+    """Its sampler, a key of `samplers.SAMPLERS`."""
+    keep: str
+    """The store's keep rule, one of `store.KEEP_RULES`."""
+    max_age_steps: int | None
+    """Default age limit in steps; None: no age limit (FIFO by capacity only)."""
+    alpha: float
+    """Default priority exponent (used by the samplers that prioritise)."""
+
+
+# The one table of per-mode defaults. RLEP's pool keeps every success of a prompt: a prompt
+# returns once per epoch, so an age limit shorter than an epoch would empty it before its prompt
+# comes back. FreshPER's alpha is 0.6; the method's is 0.5.
+MODE_DEFAULTS = {
+    "naive": ModeDefaults(sampler="group", keep="nonzero_group", max_age_steps=None, alpha=0.5),
+    "uniform": ModeDefaults(sampler="uniform", keep="nonzero_advantage", max_age_steps=10, alpha=0.5),
+    "advantage": ModeDefaults(sampler="advantage", keep="nonzero_advantage", max_age_steps=10, alpha=0.5),
+    "freshness": ModeDefaults(sampler="freshness", keep="nonzero_advantage", max_age_steps=None, alpha=0.6),
+    "success": ModeDefaults(sampler="success", keep="success", max_age_steps=None, alpha=0.5),
+}
 
 
 @dataclass(frozen=True)
@@ -42,12 +59,14 @@ class ReplayConfig:
     warmup: int = 20
     """Steps without replay: replay starts at step >= warmup (the buffer fills meanwhile)."""
     max_age: Optional[int] = None
-    """Age limit in steps (age = step - version; older rollouts are evicted). Unset: the mode's
-    default (10 for uniform, advantage; none for naive, freshness, success). 0: no age limit."""
+    """Age limit in steps: a rollout older than this (age = step - version) is evicted. Unset: the
+    mode's default (10 for uniform, advantage; no age limit for naive, freshness, success); a
+    value beyond the run's length keeps every rollout until capacity pushes it out."""
     capacity: int = 30000
     """Most rollouts held; the oldest go first when full."""
     alpha: Optional[float] = None
-    """Priority exponent. Unset: 0.6 for freshness, 0.5 otherwise."""
+    """Priority exponent (advantage, freshness). Unset: the mode's default (0.6 for freshness,
+    0.5 for advantage)."""
     eps: float = 1e-6
     """Added to |A| before the exponent, so every stored rollout can be drawn."""
     replacement: bool = False
@@ -86,7 +105,8 @@ class ReplayConfig:
         _number("ratio", self.ratio, low=0.0)
         _integer("warmup", self.warmup, low=0)
         if self.max_age is not None:
-            _integer("max_age", self.max_age, low=0, extra="; unset means the mode's default, 0 means no limit")
+            _integer("max_age", self.max_age, low=1, extra="; unset means the mode's default (an age limit of 0 "
+                     "would evict every stored rollout before it could be replayed)")
         _integer("capacity", self.capacity, low=1)
         if self.alpha is not None:
             _number("alpha", self.alpha, low=0.0, extra="; unset means the mode's default")
@@ -116,31 +136,40 @@ class ReplayConfig:
         return self.mode != "none"
 
     @property
-    def age_limit(self) -> int | None:
-        """Steps after which a rollout is evicted, or None for no age limit."""
-        if self.max_age is None:
-            return _MODE_MAX_AGE.get(self.mode)
-        return self.max_age or None
+    def defaults(self) -> ModeDefaults | None:
+        """This mode's row of `MODE_DEFAULTS`; None when replay is off."""
+        return MODE_DEFAULTS.get(self.mode)
+
+    @property
+    def max_age_steps(self) -> int | None:
+        """The age limit in force, in steps (the user's, else the mode's); None for no age limit."""
+        if self.max_age is not None:
+            return self.max_age
+        return self.defaults.max_age_steps if self.defaults else None
 
     @property
     def effective_alpha(self) -> float:
+        """The priority exponent in force (the user's, else the mode's)."""
         if self.alpha is not None:
             return self.alpha
-        return 0.6 if self.mode == "freshness" else 0.5
+        return self.defaults.alpha if self.defaults else MODE_DEFAULTS["advantage"].alpha
 
     def for_run(self, steps: int) -> ReplayConfig:
-        """This config with what derives from the run's length filled in (beta_steps)."""
-        return self if self.beta_steps is not None else dataclasses.replace(self, beta_steps=steps)
+        """This config with what derives from the run's length filled in: freshness's beta_steps,
+        unless set (other modes do not use it, and keep it unset)."""
+        if self.mode != "freshness" or self.beta_steps is not None:
+            return self
+        return dataclasses.replace(self, beta_steps=steps)
 
     @property
     def sampler_name(self) -> str | None:
         """Key in samplers.SAMPLERS, None when replay is off."""
-        return _MODE_SAMPLER.get(self.mode)
+        return self.defaults.sampler if self.defaults else None
 
     @property
     def store_filter(self) -> str | None:
         """Keep rule of the store (store.KEEP_RULES), None when replay is off."""
-        return _MODE_KEEP.get(self.mode)
+        return self.defaults.keep if self.defaults else None
 
     # ---------------------------------------------------------------- (de)serialisation
 

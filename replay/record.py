@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 # Why a rollout is refused, in the order checked: a rollout with several faults is counted once,
-# under the first. `length_mismatch` can only arise before a batch exists (see validate_rollouts).
+# under the first.
 REFUSAL_REASONS = (
-    "length_mismatch",
     "empty_response",
     "non_finite_reward",
     "non_finite_advantage",
@@ -107,8 +106,7 @@ class RolloutBatch:
     ) -> RolloutBatch:
         """Build a batch from per-rollout sequences (lists, arrays or CPU tensors).
 
-        Strict: a rollout whose response, mask and log-probs differ in length raises ValueError;
-        use `validate_rollouts` to drop such rollouts and count them instead.
+        Strict: a rollout whose response, mask and log-probs differ in length raises ValueError.
         """
         n = _common_length(prompts=prompts, responses=responses, action_masks=action_masks, logprobs=logprobs,
                            rewards=rewards, advantages=advantages, prompt_uids=prompt_uids, group_ids=group_ids)
@@ -253,43 +251,11 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         bad["non_finite_logprob"][rows] = True
     refused = np.zeros(len(batch), np.bool_)
     counts = dict.fromkeys(REFUSAL_REASONS, 0)
-    for reason in REFUSAL_REASONS[1:]:
+    for reason in REFUSAL_REASONS:
         new = bad[reason] & ~refused
         counts[reason] = int(new.sum())
         refused |= new
     return ~refused, counts
-
-
-def filter_valid(batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, int]]:
-    """The storable rollouts of `batch` and the refusal counts by reason."""
-    ok, counts = refusals(batch)
-    return (batch if ok.all() else batch.select(np.flatnonzero(ok))), counts
-
-
-def validate_rollouts(
-    prompts: Sequence[Sequence[int]],
-    responses: Sequence[Sequence[int]],
-    action_masks: Sequence[Sequence[bool]],
-    logprobs: Sequence[Sequence[float]],
-    rewards: Sequence[float],
-    advantages: Sequence[float],
-    prompt_uids: Sequence[int],
-    group_ids: Sequence[int],
-    version: int,
-) -> tuple[RolloutBatch, dict[str, int]]:
-    """Like `RolloutBatch.from_lists`, but drops faulty rollouts and counts them by reason.
-
-    Sequences of different overall lengths are a caller bug and raise ValueError.
-    """
-    n = _common_length(prompts=prompts, responses=responses, action_masks=action_masks, logprobs=logprobs,
-                       rewards=rewards, advantages=advantages, prompt_uids=prompt_uids, group_ids=group_ids)
-    keep = [i for i in range(n) if len(responses[i]) == len(action_masks[i]) == len(logprobs[i])]
-    pick = lambda seq: [seq[i] for i in keep]  # noqa: E731
-    batch = RolloutBatch.from_lists(pick(prompts), pick(responses), pick(action_masks), pick(logprobs),
-                                    pick(rewards), pick(advantages), pick(prompt_uids), pick(group_ids), version)
-    batch, counts = filter_valid(batch)
-    counts["length_mismatch"] = n - len(keep)
-    return batch, counts
 
 
 # -------------------------------------------------------------------- helpers
@@ -366,11 +332,3 @@ def _token_ids(name: str, seqs: Sequence[Sequence[int]]) -> np.ndarray:
     if len(ids) and (ids.min() < 0 or ids.max() > np.iinfo(np.int32).max):
         raise ValueError(f"{name}: token ids must lie in [0, 2**31), got {ids.min()} .. {ids.max()}")
     return ids.astype(np.int32)
-
-
-def merge_counts(total: Mapping[str, int], more: Mapping[str, int]) -> dict[str, int]:
-    """Sum two refusal-count dicts key by key."""
-    out = dict(total)
-    for k, v in more.items():
-        out[k] = out.get(k, 0) + int(v)
-    return out

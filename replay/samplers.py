@@ -2,8 +2,9 @@
 
     sampler(view, k, step, rng, *, fresh_prompt_uids=None) -> Draw
 
-and return indices into `view` (never data). Knobs (alpha, tau, ...) are keyword-only and bound
-with functools.partial (`sampler_from_config`). Randomness comes only from `rng`.
+and return indices into `view` (never data). Knobs (alpha, tau, ...) are keyword-only, without
+defaults of their own: `sampler_from_config` binds the config's values (its `MODE_DEFAULTS` are
+the one place defaults live). Randomness comes only from `rng`.
 """
 from __future__ import annotations
 
@@ -114,24 +115,22 @@ def weighted_draw(p: np.ndarray, k: int, rng: np.random.Generator, replacement: 
 
 
 def uniform(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
-            fresh_prompt_uids: np.ndarray | None = None, replacement: bool = False) -> Draw:
+            fresh_prompt_uids: np.ndarray | None = None, replacement: bool) -> Draw:
     """Every live rollout equally likely (the ablation without priority)."""
     n = len(view)
     return Draw.of(uniform_draw(n, k, rng, replacement), ess=n, candidates=n)
 
 
 def advantage(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
-              fresh_prompt_uids: np.ndarray | None = None, alpha: float = 0.5, eps: float = 1e-6,
-              replacement: bool = False) -> Draw:
+              fresh_prompt_uids: np.ndarray | None = None, alpha: float, eps: float, replacement: bool) -> Draw:
     """P(i) proportional to (|A_i| + eps) ** alpha (the method)."""
     p = advantage_priorities(view.advantages, alpha, eps)
     return Draw.of(weighted_draw(p, k, rng, replacement), ess=effective_sample_size(p), candidates=len(view))
 
 
 def freshness(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
-              fresh_prompt_uids: np.ndarray | None = None, alpha: float = 0.6, eps: float = 1e-6,
-              tau: float = 500.0, beta_start: float = 0.4, beta_end: float = 1.0, beta_steps: int = 1000,
-              replacement: bool = False) -> Draw:
+              fresh_prompt_uids: np.ndarray | None = None, alpha: float, eps: float, tau: float, beta_start: float,
+              beta_end: float, beta_steps: int, replacement: bool) -> Draw:
     """FreshPER: advantage priority decayed by exp(-age / tau), with annealed importance weights."""
     p = freshness_priorities(view.advantages, view.ages(step), alpha, eps, tau)
     idx = weighted_draw(p, k, rng, replacement)
@@ -142,7 +141,7 @@ def freshness(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
 
 
 def success(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
-            fresh_prompt_uids: np.ndarray | None = None, threshold: float = 0.5) -> Draw:
+            fresh_prompt_uids: np.ndarray | None = None, threshold: float) -> Draw:
     """RLEP: verified-correct rollouts (reward > threshold), without replacement. Given the step's
     fresh prompts, only their successes, as evenly over the prompts as those allow: one of each
     prompt that has one, then a second of each, and so on (at random within a prompt, and among
@@ -194,11 +193,11 @@ SAMPLERS: dict[str, Callable[..., Draw]] = {
 
 
 def get_sampler(name: str) -> Callable[..., Draw]:
-    """The registered sampler `name` (unbound knobs keep their defaults)."""
+    """The registered sampler `name`, its knobs unbound (see `sampler_from_config`)."""
     try:
         return SAMPLERS[name]
     except KeyError:
-        raise KeyError(f"unknown sampler {name!r}; valid: {', '.join(sorted(SAMPLERS))}") from None
+        raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(sorted(SAMPLERS))}") from None
 
 
 def sampler_from_config(config: ReplayConfig) -> Sampler:

@@ -157,17 +157,18 @@ class _Rows:
 
 
 class RolloutStore:
-    """Holds rollouts up to `capacity`, evicting those older than `max_age` steps (None: never)."""
+    """Holds rollouts up to `capacity`, evicting those older than `max_age_steps` (None: never)."""
 
-    def __init__(self, capacity: int, max_age: int | None, *, keep: str = "nonzero_advantage",
+    def __init__(self, capacity: int, max_age_steps: int | None, *, keep: str = "nonzero_advantage",
                  min_abs_advantage: float = 1e-6, success_threshold: float = 0.5) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
-        if max_age is not None and (isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0):
-            raise ValueError(f"max_age must be None (no limit) or an integer >= 0, got {max_age!r}")
+        if max_age_steps is not None and (isinstance(max_age_steps, bool) or not isinstance(max_age_steps, int)
+                                          or max_age_steps < 0):
+            raise ValueError(f"max_age_steps must be None (no limit) or an integer >= 0, got {max_age_steps!r}")
         if keep not in KEEP_RULES:
             raise ValueError(f"keep must be one of {', '.join(KEEP_RULES)}; got {keep!r}")
-        self.capacity, self.max_age, self.keep = capacity, max_age, keep
+        self.capacity, self.max_age_steps, self.keep = capacity, max_age_steps, keep
         self.min_abs_advantage, self.success_threshold = min_abs_advantage, success_threshold
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         self._chunks: collections.deque[_Chunk] = collections.deque()
@@ -215,12 +216,12 @@ class RolloutStore:
         )
 
     def evict(self, step: int) -> tuple[int, int]:
-        """Remove rollouts with `step - version > max_age`, then any beyond capacity.
+        """Remove rollouts with `step - version > max_age_steps`, then any beyond capacity.
         Returns (n_evicted_by_age, n_evicted_by_capacity)."""
         n_age = 0
-        if self.max_age is not None:
+        if self.max_age_steps is not None:
             # Versions >= cutoff survive; they do not decrease, so the too old are a prefix.
-            n_age = int(np.searchsorted(self._rows.live()["versions"], step - self.max_age, side="left"))
+            n_age = int(np.searchsorted(self._rows.live()["versions"], step - self.max_age_steps, side="left"))
             self._drop_oldest(n_age)
             self.counters["evicted_age"] += n_age
         return n_age, self._enforce_capacity()
@@ -382,6 +383,7 @@ class RolloutStore:
             next_serial, last_version = int(state["next_serial"]), state["last_version"]
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"store state is incomplete or malformed: {e!r}") from e
+        counters.pop("refused/length_mismatch", None)  # a reason no code path produces any more
         if set(counters) != set(COUNTER_KEYS):
             raise ValueError(f"store state counters {sorted(counters)} != expected {sorted(COUNTER_KEYS)}")
         if serials.dtype != np.int64 or serials.shape != (len(batch),) or np.any(np.diff(serials) <= 0) or (

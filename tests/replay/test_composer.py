@@ -85,7 +85,6 @@ def test_compose_keeps_all_fresh_then_adds_k_replayed():
     assert comp.batch.select(np.arange(20)).response_ids.tolist() == fresh.response_ids.tolist()
     assert comp.is_replay.tolist() == [False] * 20 + [True] * 10
     assert np.array_equal(comp.replayed.response_ids, store.gather(comp.indices).response_ids)
-    assert comp.sample_weights.tolist() == [1.0] * 30
     assert len(store) == 48  # composing does not change the store
     # Before warm-up and from an empty store: fresh only.
     early = compose(fresh, store, sampler_from_config(cfg), ReplayConfig(mode="advantage", warmup=10), 3, rng)

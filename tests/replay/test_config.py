@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from replay import MODES, ReplayConfig, field_help
+from replay import MODE_DEFAULTS, MODES, ReplayConfig, field_help
 
 
 def test_defaults_match_method_md():
@@ -16,24 +16,25 @@ def test_defaults_match_method_md():
     assert not c.enabled and c.sampler_name is None and c.store_filter is None
 
 
-@pytest.mark.parametrize("mode, age_limit, alpha, sampler, keep", [
+@pytest.mark.parametrize("mode, max_age_steps, alpha, sampler, keep", [
     ("naive", None, 0.5, "group", "nonzero_group"),
     ("uniform", 10, 0.5, "uniform", "nonzero_advantage"),
     ("advantage", 10, 0.5, "advantage", "nonzero_advantage"),
     ("freshness", None, 0.6, "freshness", "nonzero_advantage"),
     ("success", None, 0.5, "success", "success"),  # RLEP's pool keeps every success
 ])
-def test_mode_defaults(mode, age_limit, alpha, sampler, keep):
+def test_mode_defaults(mode, max_age_steps, alpha, sampler, keep):
     c = ReplayConfig(mode=mode)
     assert c.enabled
-    assert (c.age_limit, c.effective_alpha, c.sampler_name, c.store_filter) == (age_limit, alpha, sampler, keep)
+    assert (c.max_age_steps, c.effective_alpha, c.sampler_name, c.store_filter) == (max_age_steps, alpha, sampler, keep)
+    assert c.defaults is MODE_DEFAULTS[mode]
     assert c.alpha is None and c.max_age is None  # derived, never written back
 
 
 def test_explicit_values_override_mode_defaults():
     assert ReplayConfig(mode="freshness", alpha=0.3).effective_alpha == 0.3
-    assert ReplayConfig(mode="advantage", max_age=0).age_limit is None
-    assert ReplayConfig(mode="naive", max_age=4).age_limit == 4
+    assert ReplayConfig(mode="advantage", max_age=40).max_age_steps == 40
+    assert ReplayConfig(mode="naive", max_age=4).max_age_steps == 4
 
 
 @pytest.mark.parametrize("changes, quoted, allowed", [
@@ -41,7 +42,7 @@ def test_explicit_values_override_mode_defaults():
     ({"ratio": -0.1}, "-0.1", ">= 0"),
     ({"ratio": float("nan")}, "nan", "finite"),
     ({"warmup": 1.5}, "1.5", "integer >= 0"),
-    ({"max_age": -1}, "-1", "0 means no limit"),
+    ({"max_age": 0}, "0", "would evict every stored rollout"),
     ({"capacity": 0}, "0", "integer >= 1"),
     ({"capacity": True}, "True", "integer >= 1"),
     ({"alpha": -1.0}, "-1.0", ">= 0"),

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from replay import REFUSAL_REASONS, RolloutBatch, filter_valid, refusals, validate_rollouts
+from replay import REFUSAL_REASONS, RolloutBatch, refusals
 from replay.testing import random_batch
 
 
@@ -114,11 +114,8 @@ def test_refusals_count_each_rollout_once_in_reason_order():
                     response_offsets=offsets)
     ok, counts = refusals(bad)
     assert ok.tolist() == [False, False, False, True, False, True, True, True]
-    assert counts == {"length_mismatch": 0, "empty_response": 1, "non_finite_reward": 1,
-                      "non_finite_advantage": 1, "non_finite_logprob": 1}
-    kept, counts2 = filter_valid(bad)
-    assert counts2 == counts and len(kept) == 4
-    assert kept.rewards.tolist() == bad.rewards[[3, 5, 6, 7]].tolist()
+    assert counts == {"empty_response": 1, "non_finite_reward": 1, "non_finite_advantage": 1,
+                      "non_finite_logprob": 1}
 
 
 def test_refusals_take_the_exact_path_when_the_logprob_sum_is_not_finite():
@@ -132,15 +129,3 @@ def test_refusals_take_the_exact_path_when_the_logprob_sum_is_not_finite():
     assert refusals(b.replace(behaviour_logprobs=logp, action_mask=mask))[0].all()
     mask[b.response_offsets[1]] = True
     assert refusals(b.replace(behaviour_logprobs=logp, action_mask=mask))[0].tolist() == [True, False, True, True]
-
-
-def test_validate_rollouts_drops_and_counts():
-    kept, counts = validate_rollouts(
-        prompts=[[1], [2], [3], [4]], responses=[[5, 6], [7], [], [8]],
-        action_masks=[[1, 1], [1, 1], [], [1]], logprobs=[[0.0, 0.0], [0.0], [], [float("nan")]],
-        rewards=[1.0, 0.0, 1.0, 1.0], advantages=[1.0, -1.0, 0.5, 0.5], prompt_uids=[0, 0, 1, 1],
-        group_ids=[0, 0, 1, 1], version=2)
-    assert set(counts) == set(REFUSAL_REASONS)
-    assert counts["length_mismatch"] == 1 and counts["empty_response"] == 1
-    assert counts["non_finite_logprob"] == 1 and len(kept) == 1
-    assert kept.response(0).tolist() == [5, 6]

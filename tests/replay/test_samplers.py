@@ -144,7 +144,7 @@ def test_freshness_sampler_frequencies_and_weights():
 def test_uniform_sampler():
     rng = np.random.default_rng(4)
     view = view_of(np.ones(8, np.float32))
-    no_rep = get_sampler("uniform")(view, 20, 0, rng)
+    no_rep = get_sampler("uniform")(view, 20, 0, rng, replacement=False)
     assert sorted(no_rep.indices.tolist()) == list(range(8))
     rep = get_sampler("uniform")(view, 16_000, 0, rng, replacement=True)
     assert len(rep.indices) == 16_000
@@ -212,14 +212,17 @@ def test_group_sampler_draws_whole_groups_with_replacement():
 
 def test_registry_and_one_signature():
     assert set(SAMPLERS) == {"uniform", "advantage", "freshness", "success", "group"}
-    with pytest.raises(KeyError, match="advantage, freshness, group, success, uniform"):
+    with pytest.raises(ValueError, match="unknown sampler 'prioritized'; valid: advantage, freshness, group, success"):
         get_sampler("prioritized")
     for name, fn in SAMPLERS.items():
         params = list(inspect.signature(fn).parameters.values())
         assert [p.name for p in params[:4]] == ["view", "k", "step", "rng"], name
         assert params[4].name == "fresh_prompt_uids" and params[4].kind is inspect.Parameter.KEYWORD_ONLY
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[4:]), name
-        assert len(fn(view_of(np.ones(4, np.float32)), 0, 0, np.random.default_rng(0)).indices) == 0
+        # no defaults of their own: every knob comes from the config (its MODE_DEFAULTS)
+        assert all(p.default is inspect.Parameter.empty for p in params[5:]), name
+        bound = sampler_from_config(ReplayConfig(mode={"group": "naive"}.get(name, name), beta_steps=10))
+        assert len(bound(view_of(np.ones(4, np.float32)), 0, 0, np.random.default_rng(0)).indices) == 0
 
 
 def test_randomness_is_injected_not_global():

@@ -46,9 +46,10 @@ def _reason(row):
 
 
 class StoreMachine(RuleBasedStateMachine):
-    @initialize(capacity=st.integers(1, 40), max_age=st.none() | st.integers(0, 4), keep=st.sampled_from(KEEP_RULES))
-    def setup(self, capacity, max_age, keep):
-        self.kw = dict(capacity=capacity, max_age=max_age, keep=keep)
+    @initialize(capacity=st.integers(1, 40), max_age_steps=st.none() | st.integers(0, 4),
+                keep=st.sampled_from(KEEP_RULES))
+    def setup(self, capacity, max_age_steps, keep):
+        self.kw = dict(capacity=capacity, max_age_steps=max_age_steps, keep=keep)
         self.store = RolloutStore(**self.kw)
         self.twin = RolloutStore(**self.kw)  # saved and reloaded along the way
         self.model: list[dict] = []  # live rollouts, oldest first
@@ -93,7 +94,7 @@ class StoreMachine(RuleBasedStateMachine):
                    "nonzero_advantage": lambda r: abs(r["adv"]) >= 1e-6,
                    "nonzero_group": lambda r: r["group"] in informative_groups}[self.kw["keep"]]
         kept = [r for r in valid if rule_of(r)]
-        for why in REFUSAL_REASONS[1:]:
+        for why in REFUSAL_REASONS:
             assert res.refused[why] == reasons.count(why)
             self.counters[f"refused/{why}"] += reasons.count(why)
         assert res.inserted == len(kept) and res.filtered == len(valid) - len(kept)
@@ -115,7 +116,7 @@ class StoreMachine(RuleBasedStateMachine):
     def evict(self):
         got = self.store.evict(self.step)
         assert self.twin.evict(self.step) == got
-        limit = self.kw["max_age"]
+        limit = self.kw["max_age_steps"]
         survivors = [r for r in self.model if limit is None or self.step - r["version"] <= limit]
         assert got == (len(self.model) - len(survivors), 0)
         self.counters["evicted_age"] += got[0]
@@ -127,8 +128,10 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(name=st.sampled_from(["uniform", "advantage", "freshness", "success", "group"]), k=st.integers(0, 12),
           replacement=st.booleans(), seed=st.integers(0, 2 ** 16), reuse=st.booleans())
     def sample(self, name, k, replacement, seed, reuse):
-        knobs = {"uniform": dict(replacement=replacement), "advantage": dict(replacement=replacement),
-                 "freshness": dict(replacement=replacement, tau=3.0), "success": {}, "group": {}}[name]
+        priority = dict(alpha=0.5, eps=1e-6, replacement=replacement)
+        knobs = {"uniform": dict(replacement=replacement), "advantage": priority,
+                 "freshness": priority | dict(tau=3.0, beta_start=0.4, beta_end=1.0, beta_steps=10),
+                 "success": dict(threshold=0.5), "group": {}}[name]
         fresh_uids = np.array([0, 2, 4]) if name == "success" and seed % 2 else None
         sampler = get_sampler(name)
         draw = sampler(self.store.view(), k, self.step, np.random.default_rng(seed), fresh_prompt_uids=fresh_uids,
@@ -200,7 +203,7 @@ class StoreMachine(RuleBasedStateMachine):
 class BufferMachine(RuleBasedStateMachine):
     @initialize(mode=st.sampled_from(["naive", "uniform", "advantage", "freshness", "success"]),
                 ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]), warmup=st.integers(0, 3),
-                max_age=st.none() | st.integers(0, 3), capacity=st.integers(1, 60), replacement=st.booleans(),
+                max_age=st.none() | st.integers(1, 3), capacity=st.integers(1, 60), replacement=st.booleans(),
                 seed=st.integers(0, 1000))
     def setup(self, mode, ratio, warmup, max_age, capacity, replacement, seed):
         self.cfg = ReplayConfig(mode=mode, ratio=ratio, warmup=warmup, max_age=max_age, capacity=capacity,
@@ -219,7 +222,7 @@ class BufferMachine(RuleBasedStateMachine):
         self.step += advance
         fresh = random_batch(np.random.default_rng(seed), n_groups, group_size, self.step, n_prompts=4,
                              group_id_base=self.step * 10)
-        limit = self.cfg.age_limit
+        limit = self.cfg.max_age_steps
         before = self.buf.store.view()
         available = int(np.sum(before.versions >= self.step - limit)) if limit is not None else len(before)
         comp = self.buf.step(fresh, self.step)

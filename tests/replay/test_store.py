@@ -163,9 +163,9 @@ def test_bytes_per_token_stay_compact():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(capacity=0, max_age=None), "capacity"),
-    (dict(capacity=5, max_age=-1), "max_age"),
-    (dict(capacity=5, max_age=None, keep="some"), "keep must be one of"),
+    (dict(capacity=0, max_age_steps=None), "capacity"),
+    (dict(capacity=5, max_age_steps=-1), "max_age_steps must be None"),
+    (dict(capacity=5, max_age_steps=None, keep="some"), "keep must be one of"),
 ])
 def test_constructor_checks(kwargs, message):
     with pytest.raises(ValueError, match=message):
