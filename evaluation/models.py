@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from evaluation.datasources import GSM8K_TRAIN_FILE, GSM8K_TRAIN_HUB, data_root, gsm8k_train_rows
 from evaluation.errors import UserError
 
 COMPLETE_MARKER = ".build_complete.json"
@@ -40,18 +41,12 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared/data/train/gsm8k_train.jsonl"
 
 
 def default_cache_dir() -> Path:
     """Where built models live: `$OPENRLHF_REPLAY_MODEL_CACHE`, else ~/.cache/openrlhf_replay/models."""
     override = os.environ.get("OPENRLHF_REPLAY_MODEL_CACHE")
     return Path(override).expanduser() if override else Path.home() / ".cache/openrlhf_replay/models"
-
-
-def is_complete(model_dir: Path) -> bool:
-    """True when `model_dir` was fully written by one of this module's builders."""
-    return (Path(model_dir) / COMPLETE_MARKER).is_file()
 
 
 @contextlib.contextmanager
@@ -163,27 +158,41 @@ def build_tiny_qwen3(out_dir: str | Path, *, corpus: str | Path | Iterable[str] 
 
     Defaults give ~4.2M parameters. `head_dim` must be one vLLM's CPU attention supports
     (32, 64, 80, 96, 112, 128, ...). `corpus` is a JSONL file (every string field is used), a
-    plain-text file, or an iterable of strings; by default GSM8K train from ../shared/data.
+    plain-text file, or an iterable of strings; by default GSM8K's training split, from the data
+    folder (`evaluation.datasources`) or else the hub's `openai/gsm8k`.
     The tokenizer has a ChatML chat template and ends turns with `<|im_end|>` (the EOS).
     """
     if head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256):
         raise UserError(f"head_dim={head_dim} is not supported by vLLM's CPU attention; "
                         "use 32, 64, 80, 96, 112 or 128.")
-    texts = None if corpus is None or isinstance(corpus, (str, Path)) else list(corpus)
-    corpus_path = None if texts is not None else Path(corpus or DEFAULT_CORPUS)
-    if corpus_path is not None and not corpus_path.is_file():
-        raise UserError(f"tokenizer corpus {corpus_path} not found; pass corpus= a text file "
-                        "or a list of strings.")
+    texts = corpus_path = source = None
+    if corpus is None:  # GSM8K train: the data folder's file, else the hub's copy
+        default = data_root() / GSM8K_TRAIN_FILE
+        corpus_path = default if default.is_file() else None
+        source = None if corpus_path else f"hub:{'/'.join(GSM8K_TRAIN_HUB)}"
+    elif isinstance(corpus, (str, Path)):
+        corpus_path = Path(corpus)
+        if not corpus_path.is_file():
+            raise UserError(f"tokenizer corpus {corpus_path} not found; pass corpus= a text file "
+                            "or a list of strings.")
+    else:
+        texts = list(corpus)
     shape = dict(vocab_size=vocab_size, hidden_size=hidden_size,
                  num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                  num_key_value_heads=num_key_value_heads, head_dim=head_dim,
                  intermediate_size=intermediate_size,
                  max_position_embeddings=max_position_embeddings)
-    recipe = {"model": "tiny-qwen3", "seed": seed, "corpus": str(corpus_path or "<texts>"), **shape}
+    recipe = {"model": "tiny-qwen3", "seed": seed,
+              "corpus": str(corpus_path or source or "<texts>"), **shape}
 
     def build(tmp: Path) -> None:
-        tokenizer = _train_tokenizer(texts if texts is not None else _read_corpus(corpus_path),
-                                     vocab_size)
+        if texts is not None:
+            lines = texts
+        elif corpus_path is not None:
+            lines = _read_corpus(corpus_path)
+        else:  # no local GSM8K: the hub's copy, or DataUnavailableError saying how to provide it
+            lines = (v for _, row in gsm8k_train_rows() for v in row.values() if isinstance(v, str))
+        tokenizer = _train_tokenizer(lines, vocab_size)
         tokenizer.save_pretrained(tmp)
         _save_random_qwen3(tmp, tokenizer, shape, seed)
 

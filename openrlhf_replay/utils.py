@@ -1,5 +1,4 @@
 """Small helpers shared by the integration modules."""
-import hashlib
 import importlib.metadata
 
 from openrlhf_replay import OPENRLHF_VERSION
@@ -27,33 +26,11 @@ def undecorated(actor_class):
         raise TypeError(f"{actor_class!r} is not a Ray actor class of the pinned Ray version") from e
 
 
-def state_digest(state) -> str:
-    """A short sha256 of a nested state dict (dicts, lists, numpy arrays, scalars), equal for equal
-    contents: logged when the replay buffer is saved and restored, so a resume can be checked
-    against the file and the buffer that wrote it."""
-    import numpy as np
+def world_size(args) -> int:
+    """DeepSpeed ranks of the policy actor group: nodes x GPUs per node."""
+    return args.actor.num_nodes * args.actor.num_gpus_per_node
 
-    h = hashlib.sha256()
 
-    def feed(value) -> None:
-        if isinstance(value, dict):
-            h.update(b"{")
-            for key in sorted(value, key=str):
-                h.update(repr(key).encode())
-                feed(value[key])
-            h.update(b"}")
-        elif isinstance(value, (list, tuple)):
-            h.update(b"[")
-            for item in value:
-                feed(item)
-            h.update(b"]")
-        elif isinstance(value, np.ndarray):
-            h.update(f"{value.dtype.str}{value.shape}".encode())
-            h.update(np.ascontiguousarray(value).tobytes())
-        elif isinstance(value, np.generic):
-            feed(value.item())
-        else:
-            h.update(repr(value).encode())
-
-    feed(state)
-    return h.hexdigest()[:16]
+def data_parallel_ranks(args) -> int:
+    """Ranks that each take their own chunk of a batch (ring-attention / TP groups share one)."""
+    return world_size(args) // args.ds.ring_attn_size // args.ds.tensor_parallel_size

@@ -59,8 +59,3 @@ def requested_device() -> str:
     if value not in DEVICES:
         raise ValueError(f"{DEVICE_ENV}={value!r}: use one of {', '.join(DEVICES)}")
     return value
-
-
-def is_active() -> bool:
-    """True in a process of a CPU run (the variable is set by the launcher or the user)."""
-    return os.environ.get(DEVICE_ENV, "").strip().lower() == "cpu"

@@ -20,8 +20,9 @@ from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
-from openrlhf_replay.utils import state_digest, undecorated
+from openrlhf_replay.utils import undecorated
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig, nominal_replay_count
+from replay.checkpoint import state_digest
 
 logger = init_logger(__name__)  # upstream's handler: a bare logger prints nothing inside a Ray actor
 
@@ -65,6 +66,13 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
     def train_step(self, rollout_samples, global_step):
         self.experience_maker.step = global_step
         status, next_step = super().train_step(rollout_samples, global_step)
+        faults = self.experience_maker.reward_faults
+        if faults is not None:
+            status.update(faults.metrics())
+            if faults.total:
+                logger.warning(f"reward: step {next_step}: the reward function raised for {faults.failed} and "
+                               f"returned NaN / inf for {faults.non_finite} of {len(rollout_samples)} samples; "
+                               f"scored 0 (the first ends {faults.example!r}); the run goes on")
         if self.replay_config.enabled:
             status.update(split_by_row_kind(status))
             status.update(self.replay.metrics())

@@ -23,15 +23,11 @@ from openrlhf_replay.trainer.ppo_utils.experience import (
     rollouts_to_experiences,
     set_advantages,
 )
+from openrlhf_replay.trainer.ppo_utils.reward_guard import guard_rewards
+from openrlhf_replay.utils import data_parallel_ranks
 from replay import ReplayBuffer, RolloutBatch
 
 logger = logging.getLogger(__name__)
-
-
-def data_parallel_ranks(args) -> int:
-    """Ranks that each take their own chunk of the batch (ring-attention / TP groups share one)."""
-    return (args.actor.num_nodes * args.actor.num_gpus_per_node
-            // args.ds.ring_attn_size // args.ds.tensor_parallel_size)
 
 
 class ReplayExperienceMaker(RemoteExperienceMaker):
@@ -47,8 +43,11 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.step = 0
         self.replay_seconds = 0.0  # wall time of the replay work in the last step (conversion, store, draw)
         self.composition = None  # the last step's fresh + replayed rollouts (`replay.Composition`)
+        self.reward_faults = None  # the last step's samples scored 0 for a failed reward (`RewardFaults`)
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
+        if self.args.reward.remote_url:  # with a reward model instead, rewards come later
+            self.reward_faults = guard_rewards(rollout_samples)
         fresh = super().make_experience_batch(rollout_samples)
         if not self.replay.config.enabled:
             return fresh
