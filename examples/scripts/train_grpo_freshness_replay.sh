@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Baseline: FreshPER (arXiv 2604.16918; METHOD.md section 3): rollouts with A != 0 in a FIFO
 # buffer of REPLAY_CAPACITY, priority (|A| + eps) ** 0.6 x exp(-age / 500), importance weights
-# (N P(i)) ** -beta / max with beta annealed 0.4 -> 1.0 over 1,000 steps.
+# (N P(i)) ** -beta / max with beta annealed 0.4 -> 1.0 over the run's own steps (the controller
+# derives them from the data, so beta reaches 1.0 at the last step).
 # Settings: environment variables, see common.sh; extra arguments are appended to the command.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -13,5 +14,4 @@ launch_training openrlhf_replay.cli.train_ppo_ray \
   --replay.tau 500 \
   --replay.beta_start 0.4 \
   --replay.beta_end 1.0 \
-  --replay.beta_steps 1000 \
   "${REPLAY_ARGS[@]}" "$@"

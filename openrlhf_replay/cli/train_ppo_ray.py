@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import runpy
 import signal
 import sys
@@ -85,6 +86,7 @@ def build_parser(with_replay: bool = True) -> argparse.ArgumentParser:
 
 def replay_arg_errors(args) -> list[str]:
     """What in the (nested) upstream arguments keeps replay from running, each with its fix."""
+    from openrlhf_replay.cli.prompts import partial_batch_errors
     from openrlhf_replay.trainer.ppo_trainer import replay_per_step
 
     config = ReplayConfig.from_namespace(args)
@@ -123,7 +125,7 @@ def replay_arg_errors(args) -> list[str]:
                       "so every condition warms up over the same rollout steps; the optimizer steps replay adds "
                       "would run past the end of a decaying schedule. Use constant_with_warmup (METHOD.md: constant "
                       "after the warm-up)")
-    from openrlhf_replay.trainer.ppo_utils.experience_maker import data_parallel_ranks
+    from openrlhf_replay.utils import data_parallel_ranks
 
     ranks = data_parallel_ranks(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
@@ -134,6 +136,7 @@ def replay_arg_errors(args) -> list[str]:
     if fresh % args.train.batch_size:
         errors.append(f"{fresh} fresh rollouts per step are not a whole number of --train.batch_size "
                       f"{args.train.batch_size} batches; make rollout.batch_size x n_samples_per_prompt a multiple of it")
+    errors += partial_batch_errors(args)
     if replay_per_step(config, args) == 0:
         wanted = (f"--replay.per_prompt {config.per_prompt} x {args.rollout.batch_size} prompts"
                   if config.mode == "success" else f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
@@ -177,7 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     from openrlhf_replay.cpu import launcher as cpu_launcher
     from openrlhf_replay.utils import check_openrlhf_version
 
-    check_openrlhf_version()
+    try:
+        check_openrlhf_version()
+    except RuntimeError as e:
+        sys.exit(f"train_ppo_ray: {e}")
     # A plain SIGTERM would end the driver without stopping the Ray instance it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:  # before any upstream import: the platform adapts modules as they are imported
@@ -244,23 +250,29 @@ def _ray_failure_summary(error: BaseException) -> str | None:
 
     if not isinstance(error, ray.exceptions.RayError):
         return None
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     cause = next((line for line in reversed(lines) if not line.startswith(("File ", "^", "~"))), type(error).__name__)
+    died = re.search(r"class_name: (\S+)\s+actor_id: \S+\s+pid: (\d+)", text)
+    if died:  # Ray's own line blames the OOM killer or `ray stop`; name the process instead
+        cause = f"the Ray actor {died[1]} (pid {died[2]}) died: it was killed (a signal, the OOM killer) or crashed"
+    hint = "rerun the same command with --ckpt.load_enable to resume from the last complete checkpoint"
+    if "No space left on device" in text:
+        hint = "the disk is full: free space on it, then " + hint
     where = getattr(error, "function_name", None) or type(error).__name__
     logs = "/tmp/ray/session_latest/logs"
-    with contextlib.suppress(Exception):
-        logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")  # Ray-internal
+    node = getattr(ray._private.worker, "_global_node", None)  # Ray-internal: the session of this driver
+    if node is not None:
+        logs = os.path.join(node.get_session_dir_path(), "logs")
     return (f"train_ppo_ray: a step failed inside a Ray worker ({where}): {cause}\n"
-            f"  The full traceback is above; each worker's log is under {logs}.")
+            f"  Fix: {hint}. The full traceback is above; each worker's log is under {logs}.")
 
 
 def _shutdown_ray() -> None:
     """Stop the Ray instance this process started (its workers, vLLM engines among them)."""
-    with contextlib.suppress(Exception):
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
+from openrlhf_replay.cli.prompts import partial_batch_errors
+from openrlhf_replay.cli.train_ppo_ray import UPSTREAM_CLI
+from openrlhf_replay.cpu import DEVICE_ENV
+from openrlhf_replay.utils import data_parallel_ranks, world_size
+
 REPLAY_CLI = "openrlhf_replay.cli.train_ppo_ray"
 EVALUATION_CLI = "evaluation"
-DEVICE_ENV = "OPENRLHF_REPLAY_DEVICE"  # our launcher's platform switch: cpu, cuda or auto
 DATA_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".py")
 
 
@@ -126,8 +129,9 @@ def _parser_error(parser, message):
     raise Invalid([f"{parser.prog}: {message}"])
 
 
-def check_training(module: str, argv: list[str]) -> Report:
-    """Run the launcher `module` on `argv` up to upstream's `train()`; the resolved arguments."""
+def resolve_training(module: str, argv: list[str]):
+    """Run the launcher `module` on `argv` up to upstream's `train()`: (the nested arguments it
+    would train with, the same before upstream's inline rewrites). `Invalid` if it refuses them."""
     import openrlhf.utils.config as upstream_config
 
     from openrlhf_replay.cli import train_ppo_ray
@@ -153,17 +157,21 @@ def check_training(module: str, argv: list[str]) -> Report:
             else:
                 train_ppo_ray.main(argv)
     except _ReachedTrain as reached:
-        args = reached.nested_args
+        return reached.nested_args, raw.get("args")
     except SystemExit as e:  # ours refuses replay settings with sys.exit(message)
         raise Invalid([str(e.code)]) from None
     except AssertionError as e:  # upstream's inline checks
         raise Invalid([f"upstream check: {e}"]) from None
-    else:
-        raise Invalid([f"{module} finished without reaching train(): nothing would be trained"])
+    raise Invalid([f"{module} finished without reaching train(): nothing would be trained"])
+
+
+def check_training(module: str, argv: list[str]) -> Report:
+    """Run the launcher `module` on `argv` up to upstream's `train()`, then the launch checks."""
+    args, raw = resolve_training(module, argv)
     errors = launch_errors(args)
     if errors:
         raise Invalid(errors)
-    before, after = _flatten(raw.get("args")), _flatten(args)
+    before, after = _flatten(raw), _flatten(args)
     notes = [f"upstream set {k}: {before.get(k)!r} -> {after[k]!r}" for k in sorted(after)
              if _plain(before.get(k)) != _plain(after[k])]
     return Report(_describe_batches(args), _to_dict(args), notes)
@@ -173,7 +181,17 @@ def launch_errors(args) -> list[str]:
     """What would fail only after Ray has started (upstream's `train()`, DeepSpeed, vLLM, the
     data and reward loaders), checked from the nested arguments upstream's CLI hands to `train()`."""
     errors = []
-    world = args.actor.num_nodes * args.actor.num_gpus_per_node
+    world = world_size(args)
+    # Upstream checks these with `assert`, which `python -O` removes: checked here explicitly.
+    n, estimator = args.rollout.n_samples_per_prompt, args.algo.advantage.estimator
+    if estimator in ("rloo", "reinforce_baseline", "group_norm", "dr_grpo") and n <= 1:
+        errors.append(f"--algo.advantage.estimator {estimator} compares samples of one prompt: "
+                      f"--rollout.n_samples_per_prompt must be > 1, got {n}")
+    ranks = data_parallel_ranks(args)
+    if n * args.rollout.batch_size // args.rollout.micro_batch_size < ranks:
+        errors.append(f"{n * args.rollout.batch_size} rollouts per step in micro-batches of --rollout.micro_batch_size "
+                      f"{args.rollout.micro_batch_size} leave some of the {ranks} ranks without one; use a smaller "
+                      "micro-batch or fewer GPUs")
     engines, vllm_tp = args.vllm.num_engines or 0, args.vllm.tensor_parallel_size
     if engines < 1:
         errors.append("--vllm.num_engines must be >= 1: OpenRLHF 0.11.2 generates rollouts only with vLLM")
@@ -203,6 +221,7 @@ def launch_errors(args) -> list[str]:
         path = dataset.split("@")[0].strip()
         if path.endswith(DATA_FILE_SUFFIXES) and not os.path.exists(path):
             errors.append(f"--data.prompt_dataset {path}: no such file (every node reads the same path)")
+    errors += partial_batch_errors(args)
     if not args.data.prompt_dataset:
         errors.append("--data.prompt_dataset is required: the prompts to generate rollouts from")
     if not args.actor.model_name_or_path:
@@ -211,7 +230,7 @@ def launch_errors(args) -> list[str]:
 
 
 def _describe_batches(args) -> str:
-    world = args.actor.num_nodes * args.actor.num_gpus_per_node
+    world = world_size(args)
     prompts, n = args.rollout.batch_size, args.rollout.n_samples_per_prompt
     fresh = prompts * n
     accumulation = args.train.batch_size // (args.train.micro_batch_size * world)

@@ -7,7 +7,10 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
   included) at step 2, final HF model;
 - `resumed`: the same run resumed from that checkpoint (`--ckpt.load_enable`) for two more steps;
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
-  them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
+  them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check;
+- `two_ranks`: replay with two DeepSpeed ranks (ZeRO-2 over gloo) and one vLLM engine, over two
+  episodes of a prompt file whose size is not a multiple of the batch (cut to whole batches by
+  the launch policy), checked from the ranks' own reports.
 
 The reward is `parity_reward.py` (a coin flip per response): a random model's math answers are
 all wrong, which would leave every group without advantage and the buffer empty. Metrics are read
@@ -102,9 +105,23 @@ def runs(tmp_path_factory):
     resumed = _run(tmp, "resumed", base + REPLAY + ckpt + ["--train.num_episodes", "2", "--ckpt.load_enable"])
     control = _run(tmp, "control", base + ["--replay.mode", "none", "--train.num_episodes", "1"],
                    env_extra={"OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD": "1"})
-    for name, run in (("replay", replay), ("resumed", resumed), ("control", control)):
+    two_ranks = _run(tmp, "two_ranks", _two_rank_argv(tmp, model))
+    runs = {"replay": replay, "resumed": resumed, "control": control, "two_ranks": two_ranks}
+    for name, run in runs.items():
         print(f"{name}: {run['seconds']:.0f} s")
-    return {"model": model, "ckpt": tmp / "ckpt", "replay": replay, "resumed": resumed, "control": control}
+    return {"model": model, "ckpt": tmp / "ckpt", **runs}
+
+
+def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
+    """10 prompts, batches of 4: the launch policy trains on the first 8, two steps an episode."""
+    from openrlhf_replay.cli.prompts import count_rows, whole_batches
+
+    data = tmp / "ten_prompts.jsonl"
+    data.write_text("".join((tmp / "prompts.jsonl").read_text().splitlines(keepends=True)[:10]))
+    return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data),
+            "--data.max_samples", str(whole_batches(count_rows(str(data)), 4)),
+            "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
+            "--ckpt.path", str(tmp / "two_ranks_ckpt"), *REPLAY]
 
 
 def _by_step(run, key) -> dict[int, float]:
@@ -155,7 +172,7 @@ DIGEST = re.compile(r"replay: (saved|restored) (\d+) rollouts (?:to|from) (globa
 
 
 def test_resume_restores_the_saved_buffer(runs):
-    from openrlhf_replay.utils import state_digest
+    from replay.checkpoint import state_digest
     from replay import ReplayBuffer, ReplayConfig
 
     saved = {m.group(3): (int(m.group(2)), m.group(4)) for m in DIGEST.finditer(runs["replay"]["log"])
@@ -184,7 +201,7 @@ def test_every_process_computes_in_the_chosen_dtype(runs):
     from evaluation.hardware import choose_cpu_dtype
 
     chosen = choose_cpu_dtype()
-    for name in ("replay", "resumed", "control"):
+    for name in ("replay", "resumed", "control", "two_ranks"):
         log = runs[name]["log"]
         assert f"cpu platform: compute dtype {chosen.name} (" in log, name
         for what in ("model weights", "vLLM engine weights", "weight sync to vLLM"):
@@ -193,6 +210,23 @@ def test_every_process_computes_in_the_chosen_dtype(runs):
         assert engine_config and set(engine_config) == {chosen.torch_name}, name
     saved = load_file(str(runs["replay"]["dir"] / "final" / "model.safetensors"))
     assert {str(t.dtype) for t in saved.values()} == {f"torch.{chosen.torch_name}"}
+
+
+def test_two_ranks_train_alike_across_an_episode_boundary(runs):
+    """Each rank reports what it trained on; the controller logs the min and max over ranks. Equal
+    means balanced: the same fresh and replayed micro-batches, the same optimizer steps, and the
+    same weights (ZeRO-2 keeps a full copy on every rank)."""
+    run = runs["two_ranks"]
+    assert sorted(_by_step(run, "policy_loss")) == [1, 2, 3, 4]  # two episodes of two steps
+    for name, expected in (("fresh_micro_batches", {1: 2, 2: 2, 3: 2, 4: 2}),  # 16 fresh rows / 4 / 2 ranks
+                           ("replayed_micro_batches", {1: 0, 2: 1, 3: 1, 4: 1}),  # 8 replayed / 4 / 2 ranks
+                           ("optimizer_steps", {1: 2, 2: 3, 3: 3, 4: 3})):  # batches of 8 rows
+        low, high = _by_step(run, f"replay/rank_{name}_min"), _by_step(run, f"replay/rank_{name}_max")
+        assert low == high == expected, (name, low, high)
+    low, high = _by_step(run, "replay/rank_weights_checksum_min"), _by_step(run, "replay/rank_weights_checksum_max")
+    assert sorted(low) == [1, 2, 3, 4] and low == high, (low, high)
+    assert len(set(low.values())) == 4  # the weights did change each step: the checksum sees it
+    assert _by_step(run, "replay/replayed") == {1: 0, 2: 8, 3: 8, 4: 8}
 
 
 def test_mode_none_runs_the_plain_pipeline(runs):

@@ -171,9 +171,11 @@ def test_bad_settings_fail_before_python(tmp_path):
 
 STUB = """#!{python}
 # Stands in for python: records its arguments (one JSON line), writes the validator's JSON,
-# fails when STUB_FAIL is set (the validator call excepted).
+# fails when STUB_FAIL is set (the validator call excepted). The scripts' prompt count runs for real.
 import json, os, sys
 argv = sys.argv[1:]
+if argv[:2] == ["-m", "openrlhf_replay.cli.prompts"]:
+    os.execv(sys.executable, [sys.executable, *argv])
 with open(os.environ["STUB_LOG"], "a") as log:
     log.write(json.dumps(argv) + "\\n")
 print("stub:", " ".join(argv[:2]))
@@ -353,6 +355,7 @@ BASE = ["--actor.model_name_or_path", "Qwen/Qwen3-1.7B-Base", "--algo.advantage.
         "--algo.kl.init_coef", "0", "--rollout.n_samples_per_prompt", "8", "--rollout.batch_size", "128",
         "--rollout.micro_batch_size", "8", "--train.batch_size", "256", "--train.micro_batch_size", "4",
         "--train.colocate_all", "--vllm.num_engines", "8", "--data.prompt_dataset", str(DATA),
+        "--data.max_samples", "7424", "--actor.lr_scheduler", "constant_with_warmup",
         "--reward.remote_url", str(ROOT / "evaluation/reward.py")]
 
 
@@ -392,6 +395,11 @@ def test_validator_accepts_a_valid_command_and_never_starts_ray(validate, module
     (["--actor.lr_scheduler", "cosine_min_lr"], "openrlhf.cli.train_ppo_ray", "not a transformers scheduler"),
     (["--data.prompt_dataset", "/nonexistent/train.jsonl"], "openrlhf.cli.train_ppo_ray", "no such file"),
     (["--reward.remote_url", "/nonexistent/reward.py"], "openrlhf.cli.train_ppo_ray", "no such reward file"),
+    # 7,474 prompts = 58 x 128 + 50: every episode would end with a step of 400 rollouts, which upstream
+    # chunks unevenly over 8 ranks (7 micro-batches to seven of them, 1 to the last), for every condition.
+    (["--data.max_samples", "100000000"], "openrlhf.cli.train_ppo_ray", "pass --data.max_samples 7424"),
+    (["--data.max_samples", "100000000", "--replay.mode", "advantage"], "openrlhf_replay.cli.train_ppo_ray",
+     "each episode would end with a step of 50 prompts"),
 ])
 def test_validator_refuses_what_would_fail_later(validate, extra, module, fragment):
     with pytest.raises(validate.Invalid) as caught:
