@@ -159,3 +159,25 @@ def test_success_mode_regroups_and_recomputes_fresh_advantages(make_args, experi
     plain = experience_maker_cls(RemoteExperienceMaker, args).make_experience_batch(rollout_samples(8, 4, seed=8))
     changed = [not torch.equal(a.advantages, b.advantages) for a, b in zip(fresh, plain)]
     assert any(changed)
+
+
+def test_replayed_loss_inputs_are_the_stored_record_as_the_loss_reads_it():
+    import numpy as np
+    import torch
+
+    from openrlhf_replay.trainer.ppo_utils.experience import replayed_loss_inputs
+    from replay.testing import random_batch
+
+    batch = random_batch(np.random.default_rng(7), 3, 2, partial_mask=True)
+    weights = np.array([1.0, 0.5, 0.25, 1.0, 0.1, 0.8], np.float32)
+    padded = batch.to_padded(pad_id=0)
+    loss = replayed_loss_inputs(padded, batch.advantages, weights)
+    mask = torch.from_numpy(padded["action_mask"])
+    assert torch.equal(loss["action_mask"], mask)
+    # pi_old (stale anchor) and pi_behaviour are both the stored log-probs
+    assert torch.equal(loss["action_log_probs"], torch.from_numpy(padded["behaviour_logprobs"]))
+    assert torch.equal(loss["rollout_log_probs"], loss["action_log_probs"])
+    # the frozen advantage times the importance weight, on the action tokens only
+    want = torch.from_numpy(batch.advantages * weights)[:, None] * mask.float()
+    assert torch.allclose(loss["advantages"], want) and torch.equal(loss["returns"], loss["advantages"])
+    assert not loss["advantages"][~mask].any()

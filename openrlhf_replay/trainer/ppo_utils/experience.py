@@ -87,9 +87,8 @@ def rollouts_to_experiences(
 
     Upstream batches items by the first item's fields (`make_experience_batch`), and the actor's
     DataLoader shuffles fresh and replayed rows together: a replayed Experience must have exactly
-    the fresh ones' non-None fields and info keys. Fields the store does not keep (per-row KL,
-    truncation, prompt strings) are zeros / empty. The stored advantage is used as it is, times the
-    importance weight where the sampler gives one (for w > 0, min(r*wA, clip(r)*wA) = w*min(rA, clip(r)A)).
+    the fresh ones' non-None fields and info keys. Its loss inputs are `replayed_loss_inputs`;
+    fields the store does not keep (per-row KL, truncation, prompt strings) are zeros / empty.
     """
     weights = np.ones(len(rollouts), np.float32) if is_weights is None else np.asarray(is_weights, np.float32)
     return [
@@ -99,34 +98,47 @@ def rollouts_to_experiences(
     ]
 
 
+def replayed_loss_inputs(padded: dict[str, np.ndarray], advantages: np.ndarray,
+                         is_weights: np.ndarray) -> dict[str, torch.Tensor]:
+    """What a replayed rollout brings to upstream's PPO loss (`PolicyLoss`: token-mean, clip
+    0.2 / 0.28, dual-clip), built from its stored record; all (B, T - 1) but `advantage` (B,).
+
+    - `action_log_probs`, the ratio's pi_old: the stored behaviour log-probs (stale anchor, the
+      default: the clip then bounds how far a stale rollout moves the policy). With
+      `--replay.off_policy refresh` the experience maker later replaces them by the current
+      policy's (`ReplayExperienceMaker._refresh_old_log_probs`).
+    - `rollout_log_probs`, pi_behaviour: the same stored log-probs. Upstream's IS correction
+      (refresh requires token-level clip) weighs each token by clip(pi_old / pi_behaviour); under
+      stale they are equal to pi_old and the weight is 1.
+    - `advantages` and `returns` (GRPO has no critic): the frozen advantage A, from the rollout's
+      own fresh group, times the sampler's importance weight w (freshness's (N P(i))^-beta / max,
+      1 elsewhere), on every action token. For w > 0, min(r wA, clip(r) wA) = w min(rA, clip(r) A):
+      w scales the rollout's loss and leaves its clip alone.
+    - `action_mask`: the stored mask, in upstream's columns (column j scores token j + 1).
+    """
+    action_mask = torch.from_numpy(padded["action_mask"])
+    behaviour = torch.from_numpy(padded["behaviour_logprobs"])
+    advantage = torch.from_numpy(advantages * is_weights)  # (B,)
+    per_token = advantage[:, None] * action_mask.float()
+    return {"action_mask": action_mask, "action_log_probs": behaviour, "rollout_log_probs": behaviour.clone(),
+            "advantages": per_token, "returns": per_token.clone(), "advantage": advantage}
+
+
 def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience, pad_token_id: int, step: int):
     n = len(part)
     padded = part.to_padded(pad_token_id)  # right-padded prompt + response, upstream's layout
-    sequences = torch.from_numpy(padded["sequences"]).to(template.sequences.dtype)
-    attention_mask = torch.from_numpy(padded["attention_mask"]).to(template.attention_mask.dtype)
-    action_mask = torch.from_numpy(padded["action_mask"]).to(template.action_mask.dtype)
-    behaviour = torch.from_numpy(padded["behaviour_logprobs"]).to(template.action_log_probs.dtype)
-    total = padded["lengths"]
-    r_len = part.response_lengths
-    advantage = torch.from_numpy(part.advantages * weights)  # (n,)
-    per_token_adv = advantage[:, None] * action_mask.float()  # (n, width - 1)
+    loss = replayed_loss_inputs(padded, part.advantages, weights)
     rewards = torch.from_numpy(part.rewards).to(template.rewards.dtype)
 
     values = dict(
-        sequences=sequences,
-        attention_mask=attention_mask,
-        action_mask=action_mask,
-        action_log_probs=behaviour,
-        # With IS correction on, upstream weighs by pi_old / pi_rollout: the behaviour policy is
-        # the rollout policy of a replayed row.
-        rollout_log_probs=behaviour.clone(),
-        advantages=per_token_adv.to(template.advantages.dtype),
-        returns=per_token_adv.clone(),
+        sequences=torch.from_numpy(padded["sequences"]),
+        attention_mask=torch.from_numpy(padded["attention_mask"]),
+        **{k: v for k, v in loss.items() if k != "advantage"},
         rewards=rewards,
         scores=rewards.clone(),
-        response_length=torch.from_numpy(r_len),
+        response_length=torch.from_numpy(part.response_lengths),
         truncated=torch.zeros(n, dtype=torch.bool),
-        total_length=torch.from_numpy(total.astype(np.float32)),
+        total_length=torch.from_numpy(padded["lengths"].astype(np.float32)),
         index=None,
         prompts=[""] * n,
         labels=[""] * n,
@@ -152,7 +164,7 @@ def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience
         if key == "reward":
             info[key] = rewards.to(like.dtype)
         elif key == "return":
-            info[key] = advantage.to(like.dtype)
+            info[key] = loss["advantage"].to(like.dtype)
         elif key == REPLAYED_KEY:
             info[key] = torch.ones(n, dtype=like.dtype)
         elif key == IS_WEIGHT_KEY:
