@@ -25,16 +25,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evaluation import benchmarks  # noqa: E402
-from evaluation.cli import SIBLING_DATA_DIR, resolve_model  # noqa: E402
+from evaluation.cli import default_data_dir, resolve_model  # noqa: E402
+from evaluation.datasources import load_hub  # noqa: E402
+from evaluation.errors import UserError  # noqa: E402
 
 
-def response_mix(data_dir: Path, count: int, seed: int = 0) -> list[tuple[str, str]]:
+def math500_solutions(data_dir: Path | None) -> list[str]:
+    """MATH-500's reference solutions, in file order: the local file, else the hub's copy."""
+    path = data_dir / "math500/test.jsonl" if data_dir is not None else None
+    if path is not None and path.is_file():
+        return [json.loads(line)["solution"] for line in path.read_text().splitlines() if line.strip()]
+    hub = benchmarks.HUB_IDS["math500"]
+    rows = load_hub(hub.path, hub.config, hub.split, missing=f"MATH-500: no file {path}",
+                    provide="Pass --data-dir DIR with DIR/math500/test.jsonl (one JSON object per "
+                            "line with `problem`, `answer` and `solution`).")
+    return list(rows["solution"])
+
+
+def response_mix(data_dir: Path | None, count: int, seed: int = 0) -> list[tuple[str, str]]:
     """(response, gold) pairs in roughly the proportions a weak-to-mid model produces."""
     rng = random.Random(seed)
     math = benchmarks.load("math500", data_dir)
     gsm = benchmarks.load("gsm8k", data_dir)
-    solutions = [json.loads(line)["solution"]
-                 for line in (data_dir / "math500/test.jsonl").read_text().splitlines()]
+    solutions = math500_solutions(data_dir)
     pairs = []
     for i in range(count):
         k = rng.randrange(len(math))
@@ -114,8 +127,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", help="model dir, or smollm2 (default)")
-    parser.add_argument("--data-dir", default=str(SIBLING_DATA_DIR),
-                        help="folder with <benchmark>/test.jsonl")
+    parser.add_argument("--data-dir", default=default_data_dir(),
+                        help="folder with <benchmark>/test.jsonl (default: the data folder's "
+                        "benchmarks/, else the hub's copies)")
     parser.add_argument("--prompts", type=int, default=32, help="MATH-500 prompts per round")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per response")
     parser.add_argument("--rounds", type=int, default=3,
@@ -124,12 +138,15 @@ def main() -> None:
     parser.add_argument("--grade-workers", type=int, default=2, help="grader processes")
     parser.add_argument("--grade-timeout", type=float, default=10.0, help="seconds per sample")
     args = parser.parse_args()
-    data_dir = Path(args.data_dir)
+    data_dir = Path(args.data_dir) if args.data_dir else None
     result = {"model": args.model}
-    result.update(grading_rate(response_mix(data_dir, args.grade_samples), args.grade_workers,
-                               args.grade_timeout))
-    result.update(generation_rates(resolve_model(args.model), args.prompts, args.max_new_tokens,
-                                   args.rounds, data_dir))
+    try:
+        result.update(grading_rate(response_mix(data_dir, args.grade_samples), args.grade_workers,
+                                   args.grade_timeout))
+        result.update(generation_rates(resolve_model(args.model), args.prompts,
+                                       args.max_new_tokens, args.rounds, data_dir))
+    except UserError as e:
+        sys.exit(f"eval_throughput: {e}")
     print(json.dumps(result))
 
 

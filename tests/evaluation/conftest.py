@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from evaluation.datasources import DATA_ENV, data_root
 from evaluation.models import build_tiny_qwen3, prepare_smollm2
 
 REPO = Path(__file__).resolve().parents[2]
-DATA_DIR = REPO.parent / "shared/data/benchmarks"
+DATA_DIR = data_root() / "benchmarks"
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +40,8 @@ def smollm2(model_cache) -> Path:
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA_DIR.is_dir():
-        pytest.fail(f"benchmark data not found at {DATA_DIR} (see ../shared/data/SOURCES.md)")
+        pytest.fail(f"benchmark data not found at {DATA_DIR}: set {DATA_ENV} to a folder holding "
+                    "benchmarks/<name>/test.jsonl (docs/METHOD.md section 8)")
     return DATA_DIR
 
 
