@@ -24,6 +24,18 @@ from replay.store import RolloutStore
 FORMAT_VERSION = 1
 
 
+def holding_rules(config: ReplayConfig) -> dict[str, Any]:
+    """The settings (as flags) that decide which rollouts the store holds, with the values in force.
+    A checkpoint written under other values holds rollouts this run would not keep, or lacks ones
+    it would: resuming from it would quietly mix two configurations."""
+    rules = {"replay.max_age": config.max_age_steps or "unset (no age limit)", "replay.capacity": config.capacity}
+    if config.store_filter == "success":
+        rules["replay.success_threshold"] = config.success_threshold
+    else:
+        rules["replay.min_abs_advantage"] = config.min_abs_advantage
+    return rules
+
+
 class ReplayBuffer:
     """Store + sampler + composer for one run, with its own random generator."""
 
@@ -93,7 +105,9 @@ class ReplayBuffer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state`; ValueError (and nothing changed) if it is malformed or was written
-        by an incompatible configuration (a different mode)."""
+        by an incompatible configuration: another mode, or other rules for what the store holds
+        (`holding_rules`). Settings that only shape later draws (ratio, alpha, warm-up, ...) may
+        differ."""
         version = state.get("format_version")
         if version != FORMAT_VERSION:
             raise ValueError(f"format version {version!r} is not supported (this code reads {FORMAT_VERSION})")
@@ -101,6 +115,16 @@ class ReplayBuffer:
         if saved_mode != self.config.mode:
             raise ValueError(f"written with replay.mode={saved_mode!r}, this run has replay.mode="
                              f"{self.config.mode!r}: its contents and counters do not carry over")
+        try:
+            saved = holding_rules(ReplayConfig.from_dict(dict(state["config"])))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"its replay config cannot be read: {e}") from e
+        ours = holding_rules(self.config)
+        if saved != ours:
+            written = ", ".join(f"{k} {v}" for k, v in saved.items() if ours[k] != v)
+            wanted = ", ".join(f"{k} {v}" for k, v in ours.items() if saved[k] != v)
+            raise ValueError(f"written with {written}, this run has {wanted}: the buffer holds rollouts by "
+                             "other rules than this run's; resume with the settings it was written with")
         rng = np.random.default_rng()
         try:
             rng.bit_generator.state = state["rng"]
