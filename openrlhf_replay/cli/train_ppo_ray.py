@@ -86,7 +86,7 @@ def build_parser(with_replay: bool = True) -> argparse.ArgumentParser:
 
 def replay_arg_errors(args) -> list[str]:
     """What in the (nested) upstream arguments keeps replay from running, each with its fix."""
-    from openrlhf_replay.cli.prompts import partial_batch_errors
+    from openrlhf_replay.cli.prompts import partial_batch_errors, prompt_file_problems
     from openrlhf_replay.trainer.ppo_trainer import replay_per_step
 
     config = ReplayConfig.from_namespace(args)
@@ -137,6 +137,7 @@ def replay_arg_errors(args) -> list[str]:
         errors.append(f"{fresh} fresh rollouts per step are not a whole number of --train.batch_size "
                       f"{args.train.batch_size} batches; make rollout.batch_size x n_samples_per_prompt a multiple of it")
     errors += partial_batch_errors(args)
+    errors += prompt_file_problems(args)[0]
     if replay_per_step(config, args) == 0:
         wanted = (f"--replay.per_prompt {config.per_prompt} x {args.rollout.batch_size} prompts"
                   if config.mode == "success" else f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
@@ -223,6 +224,10 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit("\n".join(report))
         if replay_on:
             print(_describe(nested), flush=True)
+            from openrlhf_replay.cli.prompts import prompt_file_problems
+
+            for note in prompt_file_problems(nested)[1]:
+                print(f"train_ppo_ray: note: {note}", flush=True)
         return nested
 
     with contextlib.ExitStack() as stack:

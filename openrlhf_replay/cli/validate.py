@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from openrlhf_replay.cli.prompts import partial_batch_errors
+from openrlhf_replay.cli.prompts import partial_batch_errors, prompt_file_problems
 from openrlhf_replay.cli.train_ppo_ray import UPSTREAM_CLI
 from openrlhf_replay.cpu import DEVICE_ENV
 from openrlhf_replay.utils import data_parallel_ranks, world_size
@@ -174,6 +174,7 @@ def check_training(module: str, argv: list[str]) -> Report:
     before, after = _flatten(raw), _flatten(args)
     notes = [f"upstream set {k}: {before.get(k)!r} -> {after[k]!r}" for k in sorted(after)
              if _plain(before.get(k)) != _plain(after[k])]
+    notes += prompt_file_problems(args)[1]
     return Report(_describe_batches(args), _to_dict(args), notes)
 
 
@@ -222,6 +223,7 @@ def launch_errors(args) -> list[str]:
         if path.endswith(DATA_FILE_SUFFIXES) and not os.path.exists(path):
             errors.append(f"--data.prompt_dataset {path}: no such file (every node reads the same path)")
     errors += partial_batch_errors(args)
+    errors += prompt_file_problems(args)[0]
     if not args.data.prompt_dataset:
         errors.append("--data.prompt_dataset is required: the prompts to generate rollouts from")
     if not args.actor.model_name_or_path:

@@ -355,6 +355,7 @@ BASE = ["--actor.model_name_or_path", "Qwen/Qwen3-1.7B-Base", "--algo.advantage.
         "--algo.kl.init_coef", "0", "--rollout.n_samples_per_prompt", "8", "--rollout.batch_size", "128",
         "--rollout.micro_batch_size", "8", "--train.batch_size", "256", "--train.micro_batch_size", "4",
         "--train.colocate_all", "--vllm.num_engines", "8", "--data.prompt_dataset", str(DATA),
+        "--data.input_key", "problem", "--data.label_key", "answer",
         "--data.max_samples", "7424", "--actor.lr_scheduler", "constant_with_warmup",
         "--reward.remote_url", str(ROOT / "evaluation/reward.py")]
 
