@@ -21,7 +21,7 @@ OFF_POLICY = ("stale", "refresh")
 
 @dataclass(frozen=True)
 class ModeDefaults:
-    """What a replay mode fixes, and the defaults of the knobs left unset (METHOD.md section 3)."""
+    """What a replay mode fixes, and the defaults of the knobs left unset (docs/METHOD.md section 3)."""
 
     sampler: str
     """Its sampler, a key of `samplers.SAMPLERS`."""
@@ -47,7 +47,7 @@ MODE_DEFAULTS = {
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    """Rollout-level replay for GRPO (METHOD.md sections 2-3). Flags: `--replay.<field>`."""
+    """Rollout-level replay for GRPO (docs/METHOD.md sections 2-3). Flags: `--replay.<field>`."""
 
     mode: str = "none"
     """Replay variant: none (plain GRPO), naive (whole groups, FIFO, uniform with replacement),

@@ -2,7 +2,7 @@
 # Shared settings and launch steps of the scripts in this folder: sourced, never run.
 #
 # Every setting below is an environment variable with a default; the training defaults are
-# METHOD.md sections 2-3, identical for every condition and every GPU count. Arguments given to
+# docs/METHOD.md sections 2-3, identical for every condition and every GPU count. Arguments given to
 # a training script are appended to its command (argparse: the last value wins), e.g.
 #   NUM_GPUS=4 SEED=1 bash examples/scripts/train_grpo_replay.sh --replay.ratio 0.25
 # DRY_RUN=1 builds the exact command, checks every flag against the installed parser (and the
@@ -45,7 +45,7 @@ fi
 DRY_RUN=${DRY_RUN:-0}
 REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/cli/rehearse.py); all: at every scale and GPU count too
 
-# ---- the algorithm (METHOD.md sections 2-3)
+# ---- the algorithm (docs/METHOD.md sections 2-3)
 ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-128}
 GROUP_SIZE=${GROUP_SIZE:-8}
 TRAIN_BATCH=${TRAIN_BATCH:-256}
@@ -53,7 +53,7 @@ EPISODES=${EPISODES:-4}                          # passes over the prompts: the 
 PROMPT_MAX_LEN=${PROMPT_MAX_LEN:-1024}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-3072}
 LR=${LR:-1e-6}
-# ---- replay (METHOD.md section 2): tau_max, ratio, alpha, warm-up, capacity
+# ---- replay (docs/METHOD.md section 2): tau_max, ratio, alpha, warm-up, capacity
 REPLAY_MAX_AGE=${REPLAY_MAX_AGE:-10}
 REPLAY_RATIO=${REPLAY_RATIO:-0.5}
 REPLAY_ALPHA=${REPLAY_ALPHA:-0.5}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Baseline: FreshPER (arXiv 2604.16918; METHOD.md section 3): rollouts with A != 0 in a FIFO
+# Baseline: FreshPER (arXiv 2604.16918; docs/METHOD.md section 3): rollouts with A != 0 in a FIFO
 # buffer of REPLAY_CAPACITY, priority (|A| + eps) ** 0.6 x exp(-age / 500), importance weights
 # (N P(i)) ** -beta / max with beta annealed 0.4 -> 1.0 over the run's own steps (the controller
 # derives them from the data, so beta reaches 1.0 at the last step).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Baseline: RLEP (arXiv 2507.07451; METHOD.md section 3): every verified-correct rollout (reward >
+# Baseline: RLEP (arXiv 2507.07451; docs/METHOD.md section 3): every verified-correct rollout (reward >
 # 0.5) is kept, with no age limit (a prompt returns once per epoch, so its successes must outlive
 # an epoch); after warm-up, 2 stored successes per fresh prompt on average join their prompt's
 # group (G' = G + 2; 2 x 128 = 256 per step, one training batch, spread over the step's prompts

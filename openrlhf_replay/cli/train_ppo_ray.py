@@ -116,14 +116,14 @@ def replay_arg_errors(args) -> list[str]:
     if config.off_policy == "refresh" and (correction.is_correction_level, correction.is_correction_mode,
                                            correction.is_correction_gating) != ("token", "clip", "ratio"):
         errors.append("--replay.off_policy refresh weighs each replayed token by a truncated importance weight "
-                      "pi_old / pi_behaviour (METHOD.md); upstream does that with --algo.advantage.is_correction_level "
+                      "pi_old / pi_behaviour (docs/METHOD.md); upstream does that with --algo.advantage.is_correction_level "
                       "token --algo.advantage.is_correction_mode clip --algo.advantage.is_correction_gating ratio "
                       f"(got {correction.is_correction_level} / {correction.is_correction_mode} / "
                       f"{correction.is_correction_gating}: mask drops tokens instead of truncating their weight)")
     if args.actor.lr_scheduler not in CONSTANT_SCHEDULES:
         errors.append(f"--actor.lr_scheduler {args.actor.lr_scheduler}: the LR schedule is sized from the fresh batches, "
                       "so every condition warms up over the same rollout steps; the optimizer steps replay adds "
-                      "would run past the end of a decaying schedule. Use constant_with_warmup (METHOD.md: constant "
+                      "would run past the end of a decaying schedule. Use constant_with_warmup (docs/METHOD.md: constant "
                       "after the warm-up)")
     from openrlhf_replay.utils import data_parallel_ranks
 

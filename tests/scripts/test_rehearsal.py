@@ -98,7 +98,7 @@ def test_every_condition_warms_up_over_the_same_rollout_steps(subset_runs):
         assert report["lr_warmup_rollout_steps"] == base["lr_warmup_rollout_steps"] == 2, script
         assert report["lr_schedule_optimizer_steps"] == 144, script
         lr = report["lr_after_warmup"]
-        assert lr["min"] == lr["max"] == 1e-6, script  # constant after the warm-up (METHOD.md)
+        assert lr["min"] == lr["max"] == 1e-6, script  # constant after the warm-up (docs/METHOD.md)
     assert reports["train_grpo_replay"]["optimizer_steps_taken"] == 144 + 16 * 2  # replay's two batches a step
 
 
