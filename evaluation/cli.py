@@ -99,7 +99,7 @@ class RunOptions:
         "extends the same directory"))
     data_dir: str | None = field(default_factory=default_data_dir, metadata=_opt(
         "folder holding <benchmark>/test.jsonl (one JSON object per line, see docs/METHOD.md "
-        "section 7); unset: benchmarks/ of $OPENRLHF_REPLAY_DATA or of ../shared/data beside the "
+        "section 5); unset: benchmarks/ of $OPENRLHF_REPLAY_DATA or of ../shared/data beside the "
         "repository when present, else the Hugging Face hub copies"))
     skip_malformed: bool = field(default=False, metadata=_opt(
         "skip (and count) benchmark rows without a usable problem or gold answer instead of "
