@@ -16,7 +16,10 @@ weight broadcast to vLLM) to run here, except those marked (speed), (safety net)
   alone) instead of a PyNccl communicator, with a timeout on every broadcast.
 - `openrlhf.utils.deepspeed.deepspeed.get_train_ds_config`: torch's AdamW (DeepSpeed would
   compile its CPU Adam op for a minute or two; its fused Adam needs CUDA); (safety net)
-  `init_device_mesh("cuda")` -> CPU.
+  `init_device_mesh("cuda")` -> CPU; (determinism) `DeepspeedStrategy.setup_dataloader`: a
+  shuffling loader built without a DistributedSampler (the controller's prompt loader) shuffles
+  with a generator seeded by `--train.seed`, so a seed fixes the prompt order (upstream's is
+  random per process; the same holds on GPUs, where this layer is off).
 - (speed) the compute dtype: upstream fixes bf16 (`--ds.param_dtype` allows bf16 / fp16 only, and
   `create_vllm_engines` passes `dtype="bfloat16"`), which a CPU without native bf16 emulates ~100x
   slower than fp32. Every process uses the one dtype the launcher chose
@@ -206,6 +209,8 @@ def _with_compute_dtype(config: dict) -> dict:
 
 
 def patch_deepspeed_strategy(module) -> None:
+    import torch
+
     original_config, original_eval_config = module.get_train_ds_config, module.get_eval_ds_config
 
     def get_train_ds_config(*args, **kwargs):
@@ -226,6 +231,21 @@ def patch_deepspeed_strategy(module) -> None:
     module.get_train_ds_config = _adapted(original_config, get_train_ds_config)
     module.get_eval_ds_config = _adapted(original_eval_config, get_eval_ds_config)
     module.init_device_mesh = _adapted(original_mesh, init_device_mesh)
+
+    strategy = module.DeepspeedStrategy
+    original_loader = strategy.setup_dataloader
+
+    def setup_dataloader(self, *args, **kwargs):
+        loader = original_loader(self, *args, **kwargs)
+        # The controller, which loads the prompts, has no torch.distributed group, so upstream builds
+        # no DistributedSampler(seed=--train.seed) there: the shuffle's generator was seeded from the
+        # process's own unseeded RNG and the prompt order changed from run to run, whatever the seed.
+        generator = getattr(loader.sampler, "generator", None)
+        if isinstance(generator, torch.Generator):
+            generator.manual_seed(self.seed)
+        return loader
+
+    strategy.setup_dataloader = _adapted(original_loader, setup_dataloader)
 
 
 def patch_replay_buffer(module) -> None:

@@ -83,6 +83,24 @@ def test_every_adaptation_is_in_place_in_a_new_process_of_a_cpu_run():
     assert "all adapted" in proc.stdout
 
 
+def test_the_prompt_order_follows_the_seed_in_every_process():
+    """The controller's prompt loader (no torch.distributed there, so no DistributedSampler) shuffles
+    by --train.seed: two processes with one seed agree, another seed differs. Unpatched, each
+    process drew its own order (the sample-efficiency lab's seeds were not paired)."""
+    code = """
+        import openrlhf.utils.deepspeed.deepspeed as ds
+        class Strategy:
+            seed = {seed}
+        loader = ds.DeepspeedStrategy.setup_dataloader(Strategy(), list(range(40)), 1, True, True)
+        print([int(x) for x in loader])
+    """
+    orders = [_python(code.format(seed=seed), OPENRLHF_REPLAY_DEVICE="cpu") for seed in (3, 3, 4)]
+    assert all(p.returncode == 0 for p in orders), orders[0].stderr[-3000:]
+    first, again, other = (p.stdout.strip().splitlines()[-1] for p in orders)
+    assert first == again and first != other
+    assert first != str(list(range(40)))  # still shuffled
+
+
 @pytest.mark.parametrize("dtype, torch_dtype", [("fp32", "float32"), ("bf16", "bfloat16")])
 def test_every_process_computes_in_the_one_chosen_dtype(dtype, torch_dtype):
     """The actor's weights, DeepSpeed's mixed precision (training and eval configs) and the dtype a
