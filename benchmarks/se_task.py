@@ -1,24 +1,34 @@
-"""The sample-efficiency lab's task and warm start: two-digit addition with a boxed answer.
+"""The sample-efficiency lab's task family and warm start: arithmetic with a boxed answer.
 
-Why this task: on this machine (2 cores, no GPU) a run must finish in a few minutes through the
+Why arithmetic: on this machine (2 cores, no GPU) a run must finish in about a minute through the
 real pipeline, so the policy is a 0.53M-parameter Qwen3 (`evaluation.models.build_tiny_qwen3`:
 2 layers, hidden 128, with a byte-level tokenizer trained on the task so every digit is one
-token). Plain supervised training on "What is a + b?" -> "\\boxed{a+b}" (under a minute) stops
-at the first check (every 10 steps) whose held-out greedy accuracy reaches a target (default
-0.3; accuracy jumps once addition "clicks", so it lands at 0.445 here): partly learned, with
-room for GRPO to improve within a few dozen steps, and a reward (math-verify on the boxed answer, `evaluation/reward.py`)
-that is exact. The held-out problems (pairs never used for training, by supervised or RL steps)
-are graded by the evaluation harness's own backend and grader.
+token), and the reward (math-verify on the boxed answer, `evaluation/reward.py`) is exact.
 
-Everything is seeded and cached: the warm-started model is built once per recipe.
+Two families (`TaskConfig.family`):
+
+- `mixed` (default): five difficulty bands, from two-digit plus one-digit addition (easy) to
+  three-digit addition and two-digit times one-digit multiplication (hard). Prioritising
+  rollouts by |advantage| only has something to choose between when difficulty varies: a rare
+  success on a hard prompt, or a rare failure on an easy one, gets a large |A|. The held-out
+  split and the RL prompt pool are stratified by band (equal counts per band).
+- `add2`: "What is a + b?" with a, b in 10..99, the first edition's task; its split (all 8,100
+  pairs shuffled once with seed 0, the first 200 held out) is reproduced exactly.
+
+Supervised warm start: plain next-token training on the training problems (band drawn uniformly,
+then a problem), stopping at the first check whose held-out greedy accuracy reaches a target:
+partly learned, so GRPO has room to improve within a few dozen steps. The warm start is one model
+shared by every condition and seed, cached by recipe.
 """
 from __future__ import annotations
 
 import json
 import random
+import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Mapping, Sequence
 
 # OpenRLHF's `--data.input_template` ({} = the problem); the harness gets the same text with
 # `{problem}`, so training and evaluation prompts are byte-identical.
@@ -27,48 +37,144 @@ HARNESS_TEMPLATE = PROMPT_TEMPLATE.replace("{}", "{problem}")
 
 
 @dataclass(frozen=True)
+class Band:
+    """One difficulty band: `a op b` with a, b in inclusive ranges (`-`: only b <= a)."""
+
+    name: str
+    op: str
+    a_range: tuple[int, int]
+    b_range: tuple[int, int]
+
+    @property
+    def size(self) -> int:
+        """How many distinct problems the band has."""
+        (a0, a1), (b0, b1) = self.a_range, self.b_range
+        if self.op == "-":
+            return sum(max(0, min(a, b1) - b0 + 1) for a in range(a0, a1 + 1))
+        return (a1 - a0 + 1) * (b1 - b0 + 1)
+
+    def problems(self, seed: int, cap: int) -> list["Problem"]:
+        """Every problem of the band in a seeded random order; a band larger than `cap` gives
+        `cap` distinct problems drawn at random instead (three-digit addition has 810,000)."""
+        (a0, a1), (b0, b1) = self.a_range, self.b_range
+        rng = random.Random(seed)
+        if self.size <= cap:
+            pairs = [(a, b) for a in range(a0, a1 + 1) for b in range(b0, b1 + 1) if self.op != "-" or b <= a]
+            rng.shuffle(pairs)
+        else:
+            if self.op == "-":
+                raise ValueError(f"band {self.name}: a subtraction band must have at most {cap} problems")
+            nb = b1 - b0 + 1
+            pairs = [(a0 + i // nb, b0 + i % nb) for i in rng.sample(range(self.size), cap)]
+        return [Problem(a, self.op, b, self.name) for a, b in pairs]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One arithmetic problem and the band it belongs to."""
+
+    a: int
+    op: str
+    b: int
+    band: str
+
+    @property
+    def text(self) -> str:
+        return f"What is {self.a} {self.op} {self.b}?"
+
+    @property
+    def answer(self) -> str:
+        return str({"+": self.a + self.b, "-": self.a - self.b, "*": self.a * self.b}[self.op])
+
+
+FAMILIES: dict[str, tuple[Band, ...]] = {
+    "mixed": (
+        Band("add 2d+1d", "+", (10, 99), (1, 9)),
+        Band("add 2d+2d", "+", (10, 99), (10, 99)),
+        Band("sub 2d-2d", "-", (10, 99), (10, 99)),
+        Band("add 3d+3d", "+", (100, 999), (100, 999)),
+        Band("mul 2d*1d", "*", (10, 99), (2, 9)),
+    ),
+    "add2": (Band("add 2d+2d", "+", (10, 99), (10, 99)),),
+}
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     """Which problems exist and how they are split."""
 
-    low: int = 10
-    """Smallest operand (inclusive)."""
-    high: int = 99
-    """Largest operand (inclusive)."""
-    heldout_size: int = 200
-    """Problems reserved for held-out evaluation, never trained on."""
+    family: str = "mixed"
+    """`mixed` (five difficulty bands) or `add2` (the first edition's two-digit addition)."""
+    heldout_size: int = 500
+    """Problems reserved for held-out evaluation, never trained on: an equal share per band."""
     split_seed: int = 0
-    """Seed of the shuffle that splits all (a, b) pairs into held-out and training pairs."""
+    """Seed of the shuffle that splits each band's problems into held-out and training ones."""
+    max_problems_per_band: int = 20000
+    """A larger band is represented by this many problems drawn at random."""
 
     def __post_init__(self) -> None:
-        pairs = (self.high - self.low + 1) ** 2
-        if self.low < 0 or self.high <= self.low:
-            raise ValueError(f"operands {self.low}..{self.high}: need 0 <= low < high")
-        if not 0 < self.heldout_size < pairs // 2:
-            raise ValueError(f"heldout_size={self.heldout_size}: need 0 < it < half of the {pairs} pairs")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family={self.family!r}: use one of {', '.join(FAMILIES)}")
+        if self.heldout_size % len(self.bands):
+            raise ValueError(f"heldout_size={self.heldout_size} must split evenly over the "
+                             f"{len(self.bands)} bands of {self.family}")
+        smallest = min(min(b.size, self.max_problems_per_band) for b in self.bands)
+        if not 0 < self.heldout_per_band < smallest // 2:
+            raise ValueError(f"heldout_size={self.heldout_size}: {self.heldout_per_band} per band must be "
+                             f"above 0 and below half of the smallest band ({smallest} problems)")
+
+    @property
+    def bands(self) -> tuple[Band, ...]:
+        return FAMILIES[self.family]
+
+    @property
+    def heldout_per_band(self) -> int:
+        return self.heldout_size // len(self.bands)
 
 
-def problem_text(a: int, b: int) -> str:
-    return f"What is {a} + {b}?"
+@dataclass(frozen=True)
+class Split:
+    """Held-out problems (band after band) and each band's training problems (disjoint)."""
+
+    heldout: list[Problem]
+    train: dict[str, list[Problem]] = field(default_factory=dict)
+
+    def pool(self, size: int) -> list[Problem]:
+        """The RL prompt pool: the first size / bands training problems of every band, taken in
+        turn (a, b, c, ..., a, b, c, ...). `size` must split evenly over the bands."""
+        bands = list(self.train)
+        if size % len(bands) or size // len(bands) > min(len(p) for p in self.train.values()):
+            raise ValueError(f"a pool of {size} prompts does not split evenly over {len(bands)} bands "
+                             f"or is larger than a band's training problems")
+        per_band = size // len(bands)
+        return [self.train[b][i] for i in range(per_band) for b in bands]
 
 
-def response_text(a: int, b: int) -> str:
-    return f"\\boxed{{{a + b}}}"
+def split_problems(cfg: TaskConfig) -> Split:
+    """Each band's problems in a seeded order: the first `heldout_per_band` are held out."""
+    heldout, train = [], {}
+    for band in cfg.bands:
+        problems = band.problems(cfg.split_seed, cfg.max_problems_per_band)
+        heldout += problems[:cfg.heldout_per_band]
+        train[band.name] = problems[cfg.heldout_per_band:]
+    return Split(heldout, train)
 
 
-def split_pairs(cfg: TaskConfig) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """(held-out pairs, training pairs): a seeded shuffle of every (a, b), disjoint."""
-    pairs = [(a, b) for a in range(cfg.low, cfg.high + 1) for b in range(cfg.low, cfg.high + 1)]
-    random.Random(cfg.split_seed).shuffle(pairs)
-    return pairs[:cfg.heldout_size], pairs[cfg.heldout_size:]
+def as_problem(item) -> Problem:
+    """A Problem as is; an (a, b) pair of ints as the first edition's `a + b`."""
+    if isinstance(item, Problem):
+        return item
+    a, b = item
+    return Problem(a, "+", b, "add 2d+2d")
 
 
-def write_prompt_file(path: Path, pairs: list[tuple[int, int]]) -> Path:
-    """JSONL of {"prompt", "answer"} rows: OpenRLHF's `--data.prompt_dataset` for the RL runs."""
+def write_prompt_file(path: Path, problems: Sequence[Problem]) -> Path:
+    """JSONL of {"prompt", "answer", "band"} rows: OpenRLHF's `--data.prompt_dataset`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
-        for a, b in pairs:
-            f.write(json.dumps({"prompt": problem_text(a, b), "answer": str(a + b)}) + "\n")
+        for p in problems:
+            f.write(json.dumps({"prompt": p.text, "answer": p.answer, "band": p.band}) + "\n")
     tmp.replace(path)
     return path
 
@@ -85,33 +191,62 @@ class HeldoutResult:
     """Problems evaluated."""
     seconds: float
     """Wall time of generation + grading."""
+    by_band: dict[str, float] = field(default_factory=dict)
+    """Accuracy within each band (bands in the order they first appear)."""
 
 
-def evaluate_heldout(model_dir: Path | str, pairs: list[tuple[int, int]], *,
-                     max_new_tokens: int = 16, backend: str = "hf") -> HeldoutResult:
-    """Greedy accuracy on `pairs` with the harness's backend (`make_backend`) and grader.
-
-    `hf` (transformers generate) is used by default: for a sub-million-parameter model it
-    answers 200 problems in seconds, where starting a vLLM engine takes tens of seconds.
-    Grading goes through the harness's bounded path, the process-wide pool that
-    `evaluation.grader.grade` and `evaluation/reward.py` use (`shared_grader`: at most 10 s of
-    a worker per answer). It is fetched before generating so that, on the first call, its
-    workers start while the model generates; later calls reuse it.
-    """
+def _sample_and_grade(model_dir, problems: list[Problem], *, n: int, temperature: float,
+                      max_new_tokens: int, seed: int = 0) -> tuple[list[list[bool]], list[list[int]]]:
+    """n answers per problem from the harness's backend, graded by its bounded pool: (correct
+    flags, token counts), each (problems, n)."""
     from evaluation.generation import make_backend
     from evaluation.grader import Verdict, shared_grader
 
-    t0 = time.perf_counter()
+    # Fetched before generating so that, on the first call, the pool's workers start while the
+    # model generates; later calls reuse it. At most 10 s of a worker per answer.
     grader = shared_grader()
-    prompts = [HARNESS_TEMPLATE.replace("{problem}", problem_text(a, b)) for a, b in pairs]
-    options = {"dtype": "float32", "batch_rows": 256} if backend == "hf" else {}
-    with make_backend(backend, model_dir, **options) as engine:
-        gens = [g[0] for g in engine.generate(prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens)]
-    verdicts = grader.grade_many([(g.text, str(a + b)) for g, (a, b) in zip(gens, pairs)])
-    correct = sum(v is Verdict.CORRECT for v in verdicts)
-    return HeldoutResult(accuracy=correct / len(pairs),
-                         mean_response_tokens=sum(g.n_tokens for g in gens) / len(gens),
-                         n=len(pairs), seconds=time.perf_counter() - t0)
+    prompts = [HARNESS_TEMPLATE.replace("{problem}", p.text) for p in problems]
+    # `hf` (transformers generate): for a sub-million-parameter model it answers hundreds of
+    # problems in a second, where starting a vLLM engine takes tens of seconds.
+    with make_backend("hf", model_dir, dtype="float32", batch_rows=256) as engine:
+        sampling = {"seed": seed} if temperature > 0 else {}  # greedy needs no seed
+        gens = engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **sampling)
+    verdicts = grader.grade_many([(g.text, p.answer) for gs, p in zip(gens, problems) for g in gs])
+    flat = [v is Verdict.CORRECT for v in verdicts]
+    return [flat[i * n:(i + 1) * n] for i in range(len(problems))], [[g.n_tokens for g in gs] for gs in gens]
+
+
+def evaluate_heldout(model_dir: Path | str, problems: Sequence, *, max_new_tokens: int = 16) -> HeldoutResult:
+    """Greedy accuracy on `problems` (Problems, or (a, b) pairs meaning a + b), overall and per band,
+    with the harness's backend (`make_backend("hf")`) and its bounded grading pool."""
+    problems = [as_problem(p) for p in problems]
+    t0 = time.perf_counter()
+    correct, tokens = _sample_and_grade(model_dir, problems, n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+    by_band: dict[str, list[bool]] = {}
+    for p, c in zip(problems, correct):
+        by_band.setdefault(p.band, []).append(c[0])
+    return HeldoutResult(accuracy=sum(c[0] for c in correct) / len(problems),
+                         mean_response_tokens=sum(t[0] for t in tokens) / len(problems),
+                         n=len(problems), seconds=time.perf_counter() - t0,
+                         by_band={b: sum(v) / len(v) for b, v in by_band.items()})
+
+
+def success_rates(model_dir: Path | str, problems: Sequence[Problem], *, n: int = 8, temperature: float = 1.0,
+                  max_new_tokens: int = 16, seed: int = 0) -> list[float]:
+    """Per-problem success rate over `n` sampled answers: what a GRPO group of `n` sees at the start."""
+    correct, _ = _sample_and_grade(model_dir, list(problems), n=n, temperature=temperature,
+                                   max_new_tokens=max_new_tokens, seed=seed)
+    return [sum(c) / n for c in correct]
+
+
+def rate_histogram(problems: Sequence[Problem], rates: Sequence[float], n: int) -> dict[str, list[int]]:
+    """Counts of problems at each success rate 0/n, 1/n, ..., n/n, per band and over "all"."""
+    hist: dict[str, list[int]] = {"all": [0] * (n + 1)}
+    for p, r in zip(problems, rates):
+        k = round(r * n)
+        hist.setdefault(p.band, [0] * (n + 1))[k] += 1
+        hist["all"][k] += 1
+    return hist
 
 
 # ------------------------------------------------------------------------------- warm start
@@ -125,24 +260,32 @@ class WarmStartConfig:
     batch_size: int = 64
     lr: float = 1e-3
     eval_every: int = 10
-    """Accuracy jumps fast once addition "clicks" (0.17 -> 0.65 within 50 steps, seen here)."""
+    """Accuracy jumps fast once a skill "clicks" (two-digit addition: 0.17 -> 0.65 within 50 steps)."""
     seed: int = 0
     vocab_size: int = 300
-    """Byte-level alphabet (256) + specials + a few dozen merges: digits stay single tokens."""
+    """Byte-level alphabet (256) + specials + a few dozen merges."""
+    split_digits: bool = True
+    """Train the tokenizer on the texts with their digits removed, so that no merge holds a digit
+    and every digit is one token (checked). False: the first edition's tokenizer, whose merges
+    made some numbers partly one token (`10`..`17`, ` 38`, ...); kept for rerunning `add2`."""
     hidden_size: int = 128
     num_hidden_layers: int = 2
     intermediate_size: int = 512
     """~0.5M parameters: a training step on this shared 2-core machine takes tens of ms."""
 
 
-def _sft_batch(tokenizer, pairs, rng: random.Random, batch_size: int):
-    """(input_ids, labels) with the prompt masked out of the loss: (B, T) each."""
+def _sft_batch(tokenizer, train: Mapping[str, list[Problem]], rng: random.Random, batch_size: int):
+    """(input_ids, labels) with the prompt masked out of the loss: (B, T) each. A band is drawn
+    uniformly, then one of its problems (one band: no band draw, as the first edition)."""
     import torch
 
+    bands = list(train.values())
     rows = []
-    for a, b in (pairs[rng.randrange(len(pairs))] for _ in range(batch_size)):
-        prompt = tokenizer(PROMPT_TEMPLATE.format(problem_text(a, b)))["input_ids"]
-        answer = tokenizer(response_text(a, b))["input_ids"] + [tokenizer.eos_token_id]
+    for _ in range(batch_size):
+        problems = bands[rng.randrange(len(bands))] if len(bands) > 1 else bands[0]
+        p = problems[rng.randrange(len(problems))]
+        prompt = tokenizer(PROMPT_TEMPLATE.format(p.text))["input_ids"]
+        answer = tokenizer(f"\\boxed{{{p.answer}}}")["input_ids"] + [tokenizer.eos_token_id]
         rows.append((prompt + answer, [-100] * len(prompt) + answer))
     width = max(len(ids) for ids, _ in rows)
     pad = tokenizer.pad_token_id
@@ -151,13 +294,23 @@ def _sft_batch(tokenizer, pairs, rng: random.Random, batch_size: int):
     return input_ids, labels
 
 
+def _check_digits_are_single_tokens(tokenizer) -> None:
+    """Every token holding a digit is that digit alone: a merge like "12" would make some numbers
+    one token and others two, a second, accidental axis of difficulty."""
+    bad = [t for t in tokenizer.get_vocab() if any(c.isdigit() for c in t) and len(t) > 1]
+    if bad:
+        raise ValueError(f"the task tokenizer merged digits into {bad[:5]}: lower WarmStartConfig.vocab_size")
+
+
 def warm_start(out_dir: Path, task: TaskConfig, cfg: WarmStartConfig, log=print) -> Path:
     """Build (once, cached by recipe) the supervised warm-started model at `out_dir`."""
     from evaluation.models import _build_once, build_tiny_qwen3
 
-    heldout, train = split_pairs(task)
-    recipe = {"task": asdict(task), "warm_start": asdict(cfg), "version": 1}
-    corpus = [PROMPT_TEMPLATE.format(problem_text(a, b)) + response_text(a, b) for a, b in train]
+    split = split_problems(task)
+    recipe = {"task": asdict(task), "warm_start": asdict(cfg), "version": 2}
+    corpus = [PROMPT_TEMPLATE.format(p.text) + f"\\boxed{{{p.answer}}}" for ps in split.train.values() for p in ps]
+    if cfg.split_digits:
+        corpus = [re.sub(r"[0-9]", "", text) for text in corpus]
 
     def build(tmp: Path) -> None:
         import torch
@@ -169,6 +322,8 @@ def warm_start(out_dir: Path, task: TaskConfig, cfg: WarmStartConfig, log=print)
                                 num_key_value_heads=2, head_dim=32,
                                 intermediate_size=cfg.intermediate_size, seed=cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
+        if cfg.split_digits:
+            _check_digits_are_single_tokens(tokenizer)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         # One thread: the model is tiny, and on a shared machine a second OpenMP thread that
         # spins on a preempted peer made steps ~10x slower (measured here).
@@ -179,7 +334,7 @@ def warm_start(out_dir: Path, task: TaskConfig, cfg: WarmStartConfig, log=print)
         history, t0 = [], time.perf_counter()
         for step in range(1, cfg.max_steps + 1):
             model.train()
-            input_ids, labels = _sft_batch(tokenizer, train, rng, cfg.batch_size)
+            input_ids, labels = _sft_batch(tokenizer, split.train, rng, cfg.batch_size)
             # right padding with <|endoftext|>, which the task's texts never contain
             loss = model(input_ids=input_ids, attention_mask=(input_ids != tokenizer.pad_token_id).long(),
                          labels=labels).loss
@@ -191,10 +346,12 @@ def warm_start(out_dir: Path, task: TaskConfig, cfg: WarmStartConfig, log=print)
                 model.save_pretrained(tmp, safe_serialization=True)
                 tokenizer.save_pretrained(tmp)
                 model.generation_config.save_pretrained(tmp)
-                result = evaluate_heldout(tmp, heldout)
+                result = evaluate_heldout(tmp, split.heldout)
                 history.append({"step": step, "loss": loss.item(), "heldout_acc": result.accuracy,
-                                "seconds": time.perf_counter() - t0})
-                log(f"warm start: step {step} ({time.perf_counter() - t0:.0f} s) loss {loss.item():.3f} held-out acc {result.accuracy:.3f}")
+                                "by_band": result.by_band, "seconds": time.perf_counter() - t0})
+                bands = " ".join(f"{v:.2f}" for v in result.by_band.values())
+                log(f"warm start: step {step} ({time.perf_counter() - t0:.0f} s) loss {loss.item():.3f} "
+                    f"held-out acc {result.accuracy:.3f}" + (f" (bands {bands})" if len(result.by_band) > 1 else ""))
                 if result.accuracy >= cfg.target_accuracy:
                     break
         (tmp / "warm_start.json").write_text(json.dumps({"recipe": recipe, "history": history}, indent=1))
