@@ -1,31 +1,40 @@
-"""Sample-efficiency lab: does replay beat GRPO per generated rollout, measured on this machine?
+"""Sample-efficiency lab: does replay beat GRPO per generated rollout, and does priority by |A|
+beat uniform replay? Measured through the real pipeline on this machine.
 
 Runs the real pipeline (`python -m openrlhf_replay.cli.train_ppo_ray`: Ray + DeepSpeed +
 vLLM, on CPU through `openrlhf_replay.cpu`) once per (condition, seed), every condition with
-the same number of training steps and so the same number of generated rollouts, on the task of
-`se_task.py` (two-digit addition, a 0.53M-parameter Qwen3 warm-started by supervised training to
-~30-45% held-out accuracy). Each run saves a Hugging Face checkpoint every `--eval-every`
-steps; after the run, each checkpoint is graded on the held-out split with the evaluation
-harness's backend and grader (in this process: starting a vLLM engine would cost more than the
-generation). Then `se_analysis.summarize` turns the records into the summary, and the plots show
-held-out accuracy and training reward against steps, generated rollouts and compute units
-(median and IQR over seeds).
+the same prompts per step and the same steps, so the same generated rollouts, on the task of
+`se_task.py` (by default five arithmetic bands of spread difficulty, a 0.53M-parameter Qwen3
+warm-started by supervised training). Seed s of every condition has the same prompt order
+(`--train.seed s`) and the same warm start. The prompts come from a pool that is passed over
+once every `--pool-steps` steps, so a prompt returns during the run (RLEP replays only earlier
+successes of the step's own prompts). Each run saves a Hugging Face checkpoint every
+`--eval-every` steps; after the run, each checkpoint is graded on the held-out split with the
+evaluation harness's backend and bounded grader. `se_analysis.summarize` turns the records into
+the summary (per condition, and paired differences over seeds), the plots show held-out
+accuracy and training reward against steps, generated rollouts and compute units (median and
+IQR over seeds).
 
-    python benchmarks/sample_efficiency.py                 # 6 conditions x 3 seeds
-    python benchmarks/sample_efficiency.py --quick         # none, naive, advantage x 1 seed, 6 steps
-    python benchmarks/sample_efficiency.py --analyse-only  # re-plot from finished runs
+    python benchmarks/sample_efficiency.py                 # 10 conditions, 8 or 3 seeds each
+    python benchmarks/sample_efficiency.py --quick         # none, uniform, advantage x 1 seed, 10 steps
+    python benchmarks/sample_efficiency.py --task add2     # the first edition (two-digit addition)
+    python benchmarks/sample_efficiency.py --analyse-only  # re-summarise and re-plot finished runs
 
-Output dir (default runs/sample_efficiency[_quick]): `model/` (the warm start, cached),
-`data/`, `runs/<condition>_seed<N>/` (command.sh, train.log, run.json, DONE), `summary.json`,
-`curves.png`, `table.md`. A killed sweep, rerun with the same arguments, reruns only the runs
-without DONE (an unfinished run is restarted from its beginning: runs are a few minutes long).
-The last line printed is the summary as one JSON object.
+Output dir (default runs/sample_efficiency[_quick|_add2]): `data/`, `warm_start.json` (held-out
+accuracy per band and the spread of per-prompt success rates after the warm start),
+`runs/<condition>_seed<N>/` (command.sh, train.log, run.json, DONE), `summary.json`, `table.md`,
+`curves.png`, `curves_all.png`, `bands.png`, `spread.png`. The warm-started model is cached by
+recipe under runs/sample_efficiency_models/, shared by every output dir. A killed sweep, rerun
+with the same arguments, reruns only the runs without DONE or whose command changed (an
+unfinished run restarts from its beginning: runs are a minute or two long). The last line
+printed is the summary as one JSON object.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
+import gzip
+import hashlib
 import json
 import math
 import os
@@ -34,7 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,31 +51,54 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import se_analysis  # noqa: E402
 from se_task import (PROMPT_TEMPLATE, TaskConfig, WarmStartConfig, evaluate_heldout,  # noqa: E402
-                     split_pairs, warm_start, write_prompt_file)
+                     rate_histogram, split_problems, success_rates, warm_start, write_prompt_file)
 
-CONDITIONS = ("none", "naive", "uniform", "advantage", "freshness", "none_2epochs")
+CONDITIONS = ("none", "none_2epochs", "uniform", "advantage", "advantage_alpha1", "advantage_tau2",
+              "advantage_tau40", "naive", "freshness", "success")
+HEADLINE = ("none", "uniform", "advantage")
+"""Conditions that get `--seeds` seeds (the paired comparisons rest on them); the others get
+`--ablation-seeds`."""
+FIRST_EDITION = ("none", "naive", "uniform", "advantage", "freshness", "none_2epochs")
 # The more-updates control: GRPO training each fresh batch twice, 4 optimizer steps per step where
 # the replay conditions take 3 (2 fresh + 1 replayed) and GRPO 2. If replay beats it too, the gain
 # is not only from taking more gradient steps per generated rollout.
 EPOCHS = {"none_2epochs": 2}
+# Settings that depend on the task: the first edition's values for add2, so that it reruns as
+# published (48 steps, no prompt returns, 200 held-out, warm start to 0.3 checked every 10 steps).
+TASK_DEFAULTS = {
+    "mixed": {"steps": 50, "pool_steps": 10, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.45,
+              "warm_eval_every": 50, "conditions": ",".join(CONDITIONS), "seeds": 8, "ablation_seeds": 3},
+    "add2": {"steps": 48, "pool_steps": 48, "eval_every": 4, "heldout_size": 200, "target_accuracy": 0.3,
+             "warm_eval_every": 10, "conditions": ",".join(FIRST_EDITION), "seeds": 3, "ablation_seeds": 3},
+}
+QUICK = {"steps": 10, "pool_steps": 5, "eval_every": 5, "seeds": 1, "ablation_seeds": 1,
+         "conditions": "none,uniform,advantage"}
 
 
 @dataclass
 class Args:
     """Settings of the sweep; every field is a `--flag` (underscores become dashes)."""
 
-    out_dir: Path = Path(REPO / "runs/sample_efficiency")
-    """Where the model cache, the runs and the summary go (`_quick` appended with --quick)."""
+    out_dir: Path | None = None
+    """Where the runs and the summary go (default runs/sample_efficiency, + _quick / _add2)."""
+    task: str = "mixed"
+    """`mixed` (five bands of spread difficulty) or `add2` (the first edition: two-digit addition,
+    its conditions, seeds and settings, so its figures can be rerun)."""
     quick: bool = False
-    """One seed, 6 steps, and (unless --conditions is given) only none, naive, advantage: the
-    smoke test of the whole sweep, under 10 minutes here."""
-    conditions: str = ",".join(CONDITIONS)
-    """Comma-separated conditions: replay modes, and `none_2epochs` (GRPO with 2 epochs per batch,
-    the more-updates control); `none` (GRPO) is the baseline and must be among them."""
-    seeds: int = 3
-    """Seeds per condition (1 with --quick)."""
-    steps: int = 48
-    """Training steps per run (= rollout batches): the same for every condition (6 with --quick)."""
+    """The smoke test: one seed of none, uniform, advantage, 10 steps, the pool passed twice."""
+    conditions: str | None = None
+    """Comma-separated conditions (default: all ten; add2: the first edition's six). `none` (GRPO)
+    is the baseline and must be among them."""
+    seeds: int | None = None
+    """Seeds of none, uniform and advantage (default 8; add2: 3)."""
+    ablation_seeds: int | None = None
+    """Seeds of every other condition (default 3)."""
+    steps: int | None = None
+    """Training steps per run (= rollout batches), the same for every condition (default 50; add2: 48)."""
+    pool_steps: int | None = None
+    """Steps per pass over the prompt pool (pool = pool_steps x prompts per step, stratified by
+    band; `--train.num_episodes` = steps / pool_steps): a prompt returns every pool_steps steps
+    (default 10; add2: 48, no return)."""
     prompts_per_step: int = 16
     """Prompts per step (`--rollout.batch_size`)."""
     group_size: int = 8
@@ -76,25 +108,31 @@ class Args:
     lr: float = 1e-4
     """Actor learning rate (constant after a 3% warm-up, as common.sh)."""
     max_new_tokens: int = 16
-    """Response limit: an answer is `\\boxed{NNN}` and the end token, ~7 tokens."""
-    eval_every: int = 4
-    """Held-out evaluation every N steps (plus step 0, the warm start) (3 with --quick)."""
+    """Response limit: an answer is `\\boxed{NNNN}` and the end token, at most ~10 tokens."""
+    eval_every: int | None = None
+    """Held-out evaluation every N steps, plus step 0 (the warm start) (default 5; add2: 4)."""
     replay_ratio: float = 0.5
-    """Replayed rollouts per fresh rollout once replay starts (docs/METHOD.md default)."""
+    """Replayed rollouts per fresh rollout once replay starts (METHOD.md default)."""
     replay_warmup: int = 4
-    """Steps before replay starts (docs/METHOD.md: 20 of ~230 steps; here 4 of 48)."""
+    """Steps before replay starts (METHOD.md: 20 of ~230 steps; here 4 of 50)."""
     replay_max_age: int = 10
-    """Age limit (steps) for uniform / advantage (docs/METHOD.md default)."""
+    """Age limit tau_max (steps) of uniform / advantage (METHOD.md default); the ablations use 2, 40."""
     naive_capacity: int = 512
     """naive: FIFO size in rollouts (4 steps' worth of fresh rollouts)."""
     freshness_tau: float = 5.0
     """freshness: decay time in steps (FreshPER used ~500 of many thousands of steps; scaled)."""
     freshness_capacity: int = 1280
     """freshness: FIFO capacity in rollouts (10 steps' worth, as tau_max for the others)."""
-    target_accuracy: float = 0.3
-    """Warm start: supervised training stops at the first check at or above this accuracy."""
-    heldout_size: int = 200
-    """Held-out problems (never trained on)."""
+    success_per_prompt: int = 2
+    """success (RLEP): replayed successes per fresh prompt, 2 x 16 prompts rounded to one batch of
+    64: as many replayed rollouts as ratio 0.5 gives the other modes."""
+    heldout_size: int | None = None
+    """Held-out problems, an equal share per band, never trained on (default 500; add2: 200)."""
+    target_accuracy: float | None = None
+    """Warm start: supervised training stops at the first check at or above this held-out accuracy
+    (default 0.45; add2: 0.3)."""
+    warm_eval_every: int | None = None
+    """Warm start: supervised steps between checks (default 50; add2: 10)."""
     run_timeout_s: int = 900
     """A run that takes longer is killed and reported as failed."""
     analyse_only: bool = False
@@ -103,26 +141,27 @@ class Args:
     """`<condition>_seed<N>`: grade and record that run's existing training (no retraining), then exit."""
 
     def __post_init__(self) -> None:
+        if self.task not in TASK_DEFAULTS:
+            raise SystemExit(f"--task {self.task}: use one of {', '.join(TASK_DEFAULTS)}")
+        for name, value in {**TASK_DEFAULTS[self.task], **(QUICK if self.quick else {})}.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.out_dir is None:
+            suffix = ("_add2" if self.task == "add2" else "") + ("_quick" if self.quick else "")
+            self.out_dir = REPO / f"runs/sample_efficiency{suffix}"
         self.out_dir = Path(self.out_dir)
-        if self.quick:
-            self.seeds, self.steps, self.eval_every = 1, 6, 3
-            if self.conditions == ",".join(CONDITIONS):
-                # a run costs ~2 min of start-up and shut-down here whatever its length (measured:
-                # 133 s of a 240 s run): five would not fit in 10 minutes, three do
-                self.conditions = "none,naive,advantage"
-            if self.out_dir == Path(REPO / "runs/sample_efficiency"):
-                self.out_dir = Path(REPO / "runs/sample_efficiency_quick")
         names = self.condition_list
         unknown = [c for c in names if c not in CONDITIONS]
         if unknown or se_analysis.BASELINE not in names:
             raise SystemExit(f"--conditions {self.conditions}: use some of {', '.join(CONDITIONS)}, "
                              f"including {se_analysis.BASELINE} (the baseline)")
-        if self.steps % self.eval_every:
-            raise SystemExit(f"--steps {self.steps} must be a multiple of --eval-every {self.eval_every} "
-                             "so the last step is evaluated")
+        if self.steps % self.eval_every or self.steps % self.pool_steps:
+            raise SystemExit(f"--steps {self.steps} must be a multiple of --eval-every {self.eval_every} (so the "
+                             f"last step is evaluated) and of --pool-steps {self.pool_steps} (whole passes)")
         if (self.prompts_per_step * self.group_size) % self.train_batch:
             raise SystemExit(f"fresh rollouts per step ({self.prompts_per_step} x {self.group_size}) must be a "
                              f"multiple of --train-batch {self.train_batch}")
+        self.task_config  # checks the held-out size against the bands
 
     @property
     def condition_list(self) -> list[str]:
@@ -132,6 +171,26 @@ class Args:
     def rollouts_per_step(self) -> int:
         return self.prompts_per_step * self.group_size
 
+    @property
+    def pool_size(self) -> int:
+        return self.pool_steps * self.prompts_per_step
+
+    @property
+    def task_config(self) -> TaskConfig:
+        try:
+            return TaskConfig(family=self.task, heldout_size=self.heldout_size)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
+
+    @property
+    def warm_start_config(self) -> WarmStartConfig:
+        # add2 keeps the first edition's tokenizer (see WarmStartConfig.split_digits)
+        return WarmStartConfig(target_accuracy=self.target_accuracy, eval_every=self.warm_eval_every,
+                               split_digits=self.task != "add2")
+
+    def seeds_of(self, cond: str) -> int:
+        return self.seeds if cond in HEADLINE else self.ablation_seeds
+
 
 def parse_args(argv=None) -> Args:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -139,12 +198,12 @@ def parse_args(argv=None) -> Args:
     docs = _field_docs()
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
-        default = f.default
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=docs.get(f.name, "").replace("%", "%%"))
+        help_text = docs.get(f.name, "").replace("%", "%%")
+        if str(f.type) == "bool":
+            parser.add_argument(flag, action="store_true", help=help_text)
         else:
-            kind = {"int": int, "float": float, "str": str, "Path": Path}[str(f.type)]
-            parser.add_argument(flag, type=kind, default=default, help=docs.get(f.name, "").replace("%", "%%"))
+            kind = {"int": int, "float": float, "str": str, "Path": Path}[str(f.type).split(" | ")[0]]
+            parser.add_argument(flag, type=kind, default=f.default, help=help_text)
     return Args(**vars(parser.parse_args(argv)))
 
 
@@ -159,34 +218,45 @@ def _field_docs() -> dict[str, str]:
 def condition_flags(cond: str, a: Args) -> list[str]:
     """`--replay.*` flags of a condition; every other flag is shared (see train_command)."""
     shared = ["--replay.ratio", str(a.replay_ratio), "--replay.warmup", str(a.replay_warmup)]
+
+    def advantage(alpha: float, max_age: int) -> list[str]:
+        return ["--replay.mode", "advantage", "--replay.max_age", str(max_age), "--replay.alpha", str(alpha),
+                "--replay.off_policy", "stale", *shared]
+
     return {
         "none": ["--replay.mode", "none"],
         "none_2epochs": ["--replay.mode", "none"],
-        "naive": ["--replay.mode", "naive", "--replay.capacity", str(a.naive_capacity), *shared],
         "uniform": ["--replay.mode", "uniform", "--replay.max_age", str(a.replay_max_age), *shared],
-        "advantage": ["--replay.mode", "advantage", "--replay.max_age", str(a.replay_max_age),
-                      "--replay.alpha", "0.5", "--replay.off_policy", "stale", *shared],
+        "advantage": advantage(0.5, a.replay_max_age),
+        "advantage_alpha1": advantage(1.0, a.replay_max_age),
+        "advantage_tau2": advantage(0.5, 2),
+        "advantage_tau40": advantage(0.5, 40),
+        "naive": ["--replay.mode", "naive", "--replay.capacity", str(a.naive_capacity), *shared],
         "freshness": ["--replay.mode", "freshness", "--replay.tau", str(a.freshness_tau),
                       "--replay.capacity", str(a.freshness_capacity), "--replay.beta_steps", str(a.steps),
                       *shared],
+        # RLEP keeps every success (no age limit) and replays per_prompt per fresh prompt
+        "success": ["--replay.mode", "success", "--replay.per_prompt", str(a.success_per_prompt),
+                    "--replay.warmup", str(a.replay_warmup)],
     }[cond]
 
 
 def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_dir: Path) -> list[str]:
-    """The launcher command: docs/METHOD.md's loss settings, sized for a CPU (see Args)."""
+    """The launcher command: METHOD.md's loss settings, sized for a CPU (see Args)."""
     return [
         sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray",
         "--actor.model_name_or_path", str(model),
         "--data.prompt_dataset", str(data), "--data.input_key", "prompt", "--data.label_key", "answer",
         "--data.input_template", PROMPT_TEMPLATE, "--data.max_len", "64",
-        "--data.max_samples", str(a.steps * a.prompts_per_step),
+        "--data.max_samples", str(a.pool_size),
         "--rollout.max_new_tokens", str(a.max_new_tokens),
         "--reward.remote_url", str(REPO / "evaluation/reward.py"),
         "--algo.advantage.estimator", "group_norm",
         "--rollout.n_samples_per_prompt", str(a.group_size), "--rollout.batch_size", str(a.prompts_per_step),
         "--rollout.micro_batch_size", "64", "--rollout.temperature", "1.0", "--rollout.top_p", "1.0",
         "--train.batch_size", str(a.train_batch), "--train.micro_batch_size", str(a.train_batch),
-        "--train.max_epochs", str(EPOCHS.get(cond, 1)), "--train.num_episodes", "1", "--train.seed", str(seed),
+        "--train.max_epochs", str(EPOCHS.get(cond, 1)), "--train.num_episodes", str(a.steps // a.pool_steps),
+        "--train.seed", str(seed),
         "--actor.policy_loss_type", "ppo", "--actor.eps_clip_low_high", "0.2", "0.28",
         "--actor.dual_clip", "10", "--actor.loss_agg_mode", "token-mean",
         "--actor.adam.lr", str(a.lr), "--actor.adam.weight_decay", "0.01", "--actor.max_norm", "1.0",
@@ -246,9 +316,14 @@ def parse_step_logs(log_text: str) -> list[dict]:
 
 
 def step_record(status: dict, a: Args, epochs: int = 1) -> dict:
-    """The fields the analysis uses from one upstream status dict (`epochs` passes per batch)."""
+    """The fields the analysis uses from one upstream status dict (`epochs` passes per batch).
+
+    `train_tokens`: response tokens entering the policy loss in the step, over all its passes
+    (fresh rows' mean length x fresh rows + replayed rows' mean length x replayed rows)."""
     fresh = status.get("rollout/num_samples", a.rollouts_per_step)
     replayed = status.get("replay/replayed", status.get("replay/replayed_rollouts", 0.0)) or 0.0
+    fresh_len = status.get("response_length", status["rollout/response_length_mean"])
+    replay_len = status.get("replay/response_length_replay", fresh_len)
     return {
         "step": status["step"],
         "reward": status["rollout/reward_mean"],
@@ -260,12 +335,13 @@ def step_record(status: dict, a: Args, epochs: int = 1) -> dict:
         "fresh_rollouts": fresh,
         "replayed_rollouts": replayed,
         "optimizer_steps": epochs * (fresh + replayed) / a.train_batch,
+        "train_tokens": epochs * (fresh * fresh_len + replayed * replay_len),
         "replay": {k: v for k, v in status.items() if k.startswith("replay/") and isinstance(v, (int, float))},
     }
 
 
 def run_one(a: Args, cond: str, seed: int, model: Path, data: Path, heldout, log) -> dict:
-    """Train (unless DONE), evaluate its checkpoints, write run.json; returns the run record."""
+    """Train (unless DONE with the same command), evaluate its checkpoints, write run.json."""
     run_dir = a.out_dir / "runs" / f"{cond}_seed{seed}"
     cmd = train_command(a, cond, seed, model, data, run_dir)
     script = "#!/usr/bin/env bash\ncd " + str(REPO) + "\n" + " ".join(map(_quote, cmd)) + "\n"
@@ -279,6 +355,7 @@ def run_one(a: Args, cond: str, seed: int, model: Path, data: Path, heldout, log
     run_dir.mkdir(parents=True)
     (run_dir / "command.sh").write_text(script)
     log(f"{run_dir.name}: training ({a.steps} steps x {a.rollouts_per_step} rollouts)")
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     with open(run_dir / "train.log", "w") as out:
         try:
@@ -286,10 +363,12 @@ def run_one(a: Args, cond: str, seed: int, model: Path, data: Path, heldout, log
                                 timeout=a.run_timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    return finalize_run(a, cond, seed, run_dir, heldout, rc, time.perf_counter() - t0, log)
+    loads = [load_start, os.getloadavg()[0]]
+    return finalize_run(a, cond, seed, run_dir, heldout, rc, time.perf_counter() - t0, log, loads)
 
 
-def finalize_run(a: Args, cond: str, seed: int, run_dir: Path, heldout, rc, wall_s: float, log) -> dict:
+def finalize_run(a: Args, cond: str, seed: int, run_dir: Path, heldout, rc, wall_s: float, log,
+                 loads=None) -> dict:
     """Check a trained run's log, grade its checkpoints, write run.json and DONE.
 
     Also callable on a run whose training finished but whose log an older parser misread:
@@ -300,20 +379,23 @@ def finalize_run(a: Args, cond: str, seed: int, run_dir: Path, heldout, rc, wall
         raise RuntimeError(f"{run_dir.name}: the launcher exited with {rc} after {len(statuses)}/{a.steps} steps; "
                            f"see {run_dir / 'train.log'}")
     t1 = time.perf_counter()
-    evals = [{"step": 0, **a.__dict__.get("_step0_eval", {})}]
+    evals = [{"step": 0, **a.__dict__["_step0_eval"]}]
     for step in range(a.eval_every, a.steps + 1, a.eval_every):
         ckpt = run_dir / "ckpt" / f"global_step{step}_hf"
         result = evaluate_heldout(ckpt, heldout, max_new_tokens=a.max_new_tokens)
-        evals.append({"step": step, "accuracy": result.accuracy, "response_tokens": result.mean_response_tokens})
+        evals.append({"step": step, "accuracy": result.accuracy, "response_tokens": result.mean_response_tokens,
+                      "by_band": result.by_band})
         shutil.rmtree(ckpt)  # graded; the weights are not needed again (the final model stays in model/)
     record = {"condition": cond, "seed": seed, "rollouts_per_step": a.rollouts_per_step,
               "wall_s": wall_s, "eval_s": time.perf_counter() - t1,
               "startup_s": wall_s - sum(s["timing/step_total"] for s in statuses),
+              "load_avg_1min_start_end": loads,
               "steps": [step_record(s, a, EPOCHS.get(cond, 1)) for s in statuses], "evals": evals}
     (run_dir / "run.json").write_text(json.dumps(record, indent=1))
     (run_dir / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
-    log(f"{run_dir.name}: done in {wall_s:.0f} s (+{record['eval_s']:.0f} s eval); held-out acc "
-        + " ".join(f"{e['accuracy']:.2f}" for e in evals))
+    replayed = sum(s["replayed_rollouts"] for s in record["steps"])
+    log(f"{run_dir.name}: done in {wall_s:.0f} s (+{record['eval_s']:.0f} s eval), {replayed:.0f} replayed; "
+        "held-out acc " + " ".join(f"{e['accuracy']:.2f}" for e in evals))
     return record
 
 
@@ -321,15 +403,53 @@ def _quote(word: str) -> str:
     return word if re.fullmatch(r"[\w./,:=@%+-]+", word) else "'" + word.replace("'", "'\\''") + "'"
 
 
+# ------------------------------------------------------------------------ warm start and data
+
+def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
+    """The warm-started model (cached by recipe), the prompt pool file, the held-out problems, and
+    the warm start's report: held-out accuracy (overall, per band) and the spread of per-prompt
+    success rates over the pool (`group_size` samples at the rollout temperature, 1.0)."""
+    task, ws = a.task_config, a.warm_start_config
+    split = split_problems(task)
+    recipe = json.dumps([dataclasses.asdict(task), dataclasses.asdict(ws)], sort_keys=True)
+    model_dir = REPO / "runs/sample_efficiency_models" / f"{a.task}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+    t0 = time.perf_counter()
+    model = warm_start(model_dir, task, ws, log)
+    warm_s = time.perf_counter() - t0
+    pool = split.pool(a.pool_size)
+    data = write_prompt_file(a.out_dir / "data" / "train.jsonl", pool)
+    base = evaluate_heldout(model, split.heldout, max_new_tokens=a.max_new_tokens)
+    t1 = time.perf_counter()
+    rates = success_rates(model, pool, n=a.group_size, temperature=1.0, max_new_tokens=a.max_new_tokens)
+    hist = rate_histogram(pool, rates, a.group_size)
+    history = json.loads((model / "warm_start.json").read_text())["history"]
+    report = {"model": str(model), "supervised_steps": history[-1]["step"], "heldout_acc": base.accuracy,
+              "heldout_by_band": base.by_band, "mean_response_tokens": base.mean_response_tokens,
+              "pool_size": len(pool), "samples_per_prompt": a.group_size, "success_rate_histogram": hist,
+              "share_all_wrong": hist["all"][0] / len(pool), "share_all_right": hist["all"][-1] / len(pool),
+              "share_mixed": 1 - (hist["all"][0] + hist["all"][-1]) / len(pool),
+              "seconds": {"warm_start_this_call": warm_s, "spread": time.perf_counter() - t1}}
+    (a.out_dir / "warm_start.json").write_text(json.dumps(report, indent=1))
+    a._step0_eval = {"accuracy": base.accuracy, "response_tokens": base.mean_response_tokens,
+                     "by_band": base.by_band}
+    log(f"warm start ready ({warm_s:.0f} s, {report['supervised_steps']} supervised steps): held-out acc "
+        f"{base.accuracy:.3f} ({', '.join(f'{b} {v:.2f}' for b, v in base.by_band.items())}); pool of {len(pool)}: "
+        f"{report['share_all_wrong']:.0%} all wrong, {report['share_all_right']:.0%} all right, "
+        f"{report['share_mixed']:.0%} mixed in {a.group_size} samples")
+    return model, data, split.heldout, report
+
+
 # ----------------------------------------------------------------------------------- output
 
 REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
-COLOURS = {"none": "black", "naive": "tab:orange", "uniform": "tab:blue", "advantage": "tab:red",
-           "freshness": "tab:green", "none_2epochs": "tab:grey"}
+COLOURS = {"none": "black", "none_2epochs": "tab:grey", "uniform": "tab:blue", "advantage": "tab:red",
+           "advantage_alpha1": "tab:purple", "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown",
+           "naive": "tab:orange", "freshness": "tab:green", "success": "tab:olive"}
+MAIN_PLOT = ("none", "none_2epochs", "uniform", "advantage")
 
 
-def plot(runs: list[dict], summary: dict, path: Path) -> None:
+def plot(runs: list[dict], summary: dict, path: Path, conditions, iqr: bool = True) -> None:
     """2 x 3 panels: held-out accuracy / training reward vs steps, rollouts, compute units."""
     import matplotlib
 
@@ -338,7 +458,7 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
 
     unit_s = summary["unit_s"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharey="row")
-    for cond in summary["conditions"]:
+    for cond in conditions:
         rs = [r for r in runs if r["condition"] == cond]
         for row, curve_fn in enumerate((se_analysis.eval_curve, se_analysis.reward_curve)):
             for col, (axis, _) in enumerate(AXES):
@@ -349,31 +469,128 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
                 ax = axes[row, col]
                 ax.plot(agg["x"], agg["median"], color=COLOURS.get(cond), label=f"{cond} (n={len(rs)})",
                         marker="o" if row == 0 else None, ms=3)
-                ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.15)
+                if iqr:
+                    ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.15)
     for col, (_, label) in enumerate(AXES):
         axes[1, col].set_xlabel(label)
     axes[0, 0].set_ylabel("held-out accuracy (greedy)")
     axes[1, 0].set_ylabel(f"training reward (fresh rollouts, mean of last {REWARD_WINDOW} steps)")
-    axes[0, 0].axhline(summary["match_fraction"] * summary["baseline_best_acc"], color="grey", ls=":", lw=1)
+    axes[0, 0].axhline(summary["match_threshold"], color="grey", ls=":", lw=1)
     axes[0, 0].legend(fontsize=8)
-    fig.suptitle(f"median and IQR over seeds; 1 compute unit = one GRPO optimizer step = {unit_s:.2f} s here")
+    fig.suptitle(f"median{' and IQR' if iqr else ''} over seeds; 1 compute unit = one GRPO optimizer step = "
+                 f"{unit_s:.3f} s here; dotted: {summary['match_fraction']} x GRPO's best median")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def plot_bands(runs: list[dict], conditions, path: Path) -> None:
+    """Held-out accuracy per band against generated rollouts: median and IQR over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bands = list(runs[0]["evals"][0].get("by_band", {}))
+    if len(bands) < 2:
+        return
+    fig, axes = plt.subplots(1, len(bands), figsize=(4 * len(bands), 3.6), sharey=True)
+    for ax, band in zip(axes, bands):
+        for cond in conditions:
+            rs = [r for r in runs if r["condition"] == cond]
+            curves = [([e["step"] * r["rollouts_per_step"] for e in r["evals"]],
+                       [e["by_band"][band] for e in r["evals"]]) for r in rs]
+            agg = se_analysis.aggregate(curves)
+            ax.plot(agg["x"], agg["median"], color=COLOURS.get(cond), label=cond, marker="o", ms=2)
+            ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.12)
+        ax.set_title(band)
+        ax.set_xlabel("generated rollouts")
+    axes[0].set_ylabel("held-out accuracy (greedy)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_spread(report: dict, path: Path) -> None:
+    """Per-prompt success rates of the pool after the warm start, one bar group per band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist, n = report["success_rate_histogram"], report["samples_per_prompt"]
+    bands = [b for b in hist if b != "all"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    bottom = [0] * (n + 1)
+    for band in bands:
+        ax.bar(range(n + 1), hist[band], bottom=bottom, label=band)
+        bottom = [b + h for b, h in zip(bottom, hist[band])]
+    ax.set_xticks(range(n + 1), [f"{k}/{n}" for k in range(n + 1)])
+    ax.set_xlabel(f"correct answers in {n} samples (temperature 1.0) after the warm start")
+    ax.set_ylabel("prompts of the RL pool")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fmt(x, spec=".3f", none="never"):
+    return none if x is None else format(x, spec)
+
+
 def table(summary: dict) -> str:
-    rows = ["| condition | seeds | best held-out acc (median curve) | final acc | rollouts to 98% of GRPO best "
-            "(ratio) | mean response tokens | AES vs GRPO | compute units (train + gen) |",
+    """table.md: conditions, paired differences with words, the warm start's spread."""
+    conds, bands = summary["conditions"], None
+    out = [f"Sample-efficiency lab, task `{summary['settings']['task']}`: {summary['settings']['steps']} steps x "
+           f"{summary['settings']['prompts_per_step']} prompts x {summary['settings']['group_size']} rollouts per "
+           f"condition; measured {summary['timing']['date']} on {summary['timing']['cpu']}.", ""]
+    for c, s in conds.items():
+        bands = bands or list(s["final_acc_by_band"])
+    out += ["| condition | seeds | final acc (median [IQR]) | best acc | AUC | "
+            + "".join(f"final {b} | " for b in bands)
+            + "rollouts to match | compute to match | tokens trained / step | updates / step | replayed / step "
+            "| compute units (train + gen) | AES vs GRPO |",
+            "|---" * (12 + len(bands)) + "|"]
+    for c, s in conds.items():
+        lo, hi = s["final_acc_iqr"]
+        out.append(f"| {c} | {s['seeds']} | {s['final_acc']:.3f} [{lo:.3f}, {hi:.3f}] | {s['best_acc']:.3f} | "
+                   f"{s['auc']:.3f} | " + "".join(f"{s['final_acc_by_band'][b]:.2f} | " for b in bands)
+                   + f"{_fmt(s['rollouts_to_match_ratio'], '.2f')} | {_fmt(s['compute_to_match_ratio'], '.2f')} | "
+                   f"{s['train_tokens_per_step']:.0f} | {s['optimizer_steps_per_step']:.2f} | "
+                   f"{s['replayed_per_step']:.1f} | {s['compute_units']:.0f} ({s['train_units']:.0f} + "
+                   f"{s['generation_units']:.0f}) | {_fmt(s['aes_vs_grpo'], '+.3f', 'n/a')} |")
+    out += ["", f"1 compute unit = {summary['unit_s']:.4f} s (one GRPO optimizer step on "
+            f"{summary['settings']['train_batch']} rollouts). Scores per seed, the same rule for every condition: "
+            "final = last checkpoint; best = best checkpoint after step 0; AUC = area under held-out accuracy over "
+            "generated rollouts / rollouts (the curve's mean). \"to match\": rollouts (compute units) for the median "
+            f"curve to first reach {summary['match_threshold']:.3f} ({summary['match_fraction']} x GRPO's best median), "
+            "over GRPO's own.", "",
+            "Paired differences A - B over the seeds both have (seed s of both: same prompt order, same warm start): "
+            "median, percentile-bootstrap 95% interval of the median over seeds, exact sign-flip permutation p "
+            "(sign test p). Resolved = interval excludes 0 and p < 0.05.", "",
+            "| pair | score | n | median A - B | 95% CI | p (permutation) | p (sign) | in words |",
             "|---|---|---|---|---|---|---|---|"]
-    for c in summary["conditions"]:
-        s = summary[c]
-        ratio = "never" if s["rollouts_to_match_ratio"] is None else f"{s['rollouts_to_match_ratio']:.2f}"
-        aes = "n/a" if s["aes_vs_grpo"] is None else f"{s['aes_vs_grpo']:+.3f}"
-        rows.append(f"| {c} | {len(s['seeds'])} | {s['best_acc']:.3f} | {s['final_acc']:.3f} | {ratio} | "
-                    f"{s['mean_response_tokens']:.2f} | {aes} | {s['compute_units']:.0f} "
-                    f"({s['train_units']:.0f} + {s['generation_units']:.0f}) |")
-    return "\n".join(rows) + "\n"
+    for pair, stats in summary["pairs"].items():
+        a, b = pair.split("_vs_")
+        for score, st in stats.items():
+            if st["resolved"]:
+                words = f"resolved: {a} {'above' if st['median'] > 0 else 'below'} {b}"
+            else:
+                words = f"not resolved at {st['n']} seeds"
+            out.append(f"| {pair} | {score} | {st['n']} | {st['median']:+.3f} | [{st['ci95'][0]:+.3f}, "
+                       f"{st['ci95'][1]:+.3f}] | {st['p']:.3f} | {st['sign_p']:.3f} | {words} |")
+    ws = summary.get("warm_start")
+    if ws:
+        n = ws["samples_per_prompt"]
+        out += ["", f"Warm start ({ws['supervised_steps']} supervised steps): held-out accuracy {ws['heldout_acc']:.3f} ("
+                + ", ".join(f"{b} {v:.2f}" for b, v in ws["heldout_by_band"].items()) + f"). Per-prompt success "
+                f"rates over the {ws['pool_size']}-prompt RL pool ({n} samples each, temperature 1.0): "
+                f"{ws['share_all_wrong']:.0%} all wrong, {ws['share_all_right']:.0%} all right, "
+                f"{ws['share_mixed']:.0%} in between.", "",
+                "| band | " + " | ".join(f"{k}/{n}" for k in range(n + 1)) + " |", "|---" * (n + 2) + "|"]
+        out += [f"| {b} | " + " | ".join(str(v) for v in h) + " |" for b, h in ws["success_rate_histogram"].items()]
+    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> dict:
@@ -387,27 +604,24 @@ def main(argv=None) -> dict:
         log_file.write(line + "\n")
         log_file.flush()
 
-    task = TaskConfig(heldout_size=a.heldout_size)
-    heldout, train = split_pairs(task)
+    from evaluation.hardware import cpu_description
+
+    t_start, load_start = time.perf_counter(), os.getloadavg()
     runs = []
     if a.finalize:
         cond, seed = a.finalize.rsplit("_seed", 1)
         run_dir = a.out_dir / "runs" / a.finalize
-        base = evaluate_heldout(a.out_dir / "model", heldout, max_new_tokens=a.max_new_tokens)
-        a._step0_eval = {"accuracy": base.accuracy, "response_tokens": base.mean_response_tokens}
+        _, _, heldout, _ = prepare(a, log)
         wall_s = (run_dir / "train.log").stat().st_mtime - (run_dir / "command.sh").stat().st_mtime
         return finalize_run(a, cond, int(seed), run_dir, heldout, 0, wall_s, log)
     if not a.analyse_only:
-        t0 = time.perf_counter()
-        model = warm_start(a.out_dir / "model", task, WarmStartConfig(target_accuracy=a.target_accuracy), log)
-        data = write_prompt_file(a.out_dir / "data" / "train.jsonl", train)
-        base = evaluate_heldout(model, heldout, max_new_tokens=a.max_new_tokens)
-        a._step0_eval = {"accuracy": base.accuracy, "response_tokens": base.mean_response_tokens}
-        log(f"warm start ready ({time.perf_counter() - t0:.0f} s): held-out acc {base.accuracy:.3f}, "
-            f"{base.mean_response_tokens:.2f} tokens, eval {base.seconds:.1f} s")
+        log(f"sweep on {cpu_description()}; load average {' '.join(f'{x:.2f}' for x in load_start)}")
+        model, data, heldout, _ = prepare(a, log)
         failed = []
-        for seed in range(1, a.seeds + 1):  # seed-major: a cut-short sweep still has every condition
-            for cond in a.condition_list:
+        for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1):
+            for cond in a.condition_list:  # seed-major: a cut-short sweep still has every condition
+                if seed > a.seeds_of(cond):
+                    continue
                 try:
                     runs.append(run_one(a, cond, seed, model, data, heldout, log))
                 except RuntimeError as e:
@@ -424,22 +638,37 @@ def main(argv=None) -> dict:
     summary = se_analysis.summarize(runs)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
                            if not k.startswith("_")}
-    summary["timing"] = {"run_wall_s_median": float(_median([r["wall_s"] for r in runs])),
-                         "startup_s_median": float(_median([r["startup_s"] for r in runs])),
-                         "eval_s_median": float(_median([r["eval_s"] for r in runs]))}
+    warm_path = a.out_dir / "warm_start.json"
+    summary["warm_start"] = json.loads(warm_path.read_text()) if warm_path.is_file() else None
+    summary["timing"] = {
+        "date": time.strftime("%Y-%m-%d"), "cpu": cpu_description(), "runs": len(runs),
+        "run_wall_s_median": _median([r["wall_s"] for r in runs]),
+        "startup_s_median": _median([r["startup_s"] for r in runs]),
+        "eval_s_median": _median([r["eval_s"] for r in runs]),
+        "run_wall_s_total": sum(r["wall_s"] + r["eval_s"] for r in runs),
+        "this_call": None if a.analyse_only else {
+            "wall_s": time.perf_counter() - t_start, "load_avg_start": list(load_start),
+            "load_avg_end": list(os.getloadavg())}}
     (a.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_jsonable))
+    with gzip.open(a.out_dir / "runs.json.gz", "wt") as f:
+        json.dump(runs, f)
     (a.out_dir / "table.md").write_text(table(summary))
-    plot(runs, summary, a.out_dir / "curves.png")
-    log(f"wrote {a.out_dir / 'summary.json'}, table.md, curves.png")
+    present = [c for c in order if c in summary["conditions"]]
+    plot(runs, summary, a.out_dir / "curves.png", [c for c in present if c in MAIN_PLOT])
+    plot(runs, summary, a.out_dir / "curves_all.png", present, iqr=False)
+    plot_bands(runs, [c for c in present if c in MAIN_PLOT], a.out_dir / "bands.png")
+    if summary["warm_start"]:
+        plot_spread(summary["warm_start"], a.out_dir / "spread.png")
+    log(f"wrote {a.out_dir / 'summary.json'}, table.md, runs.json.gz and the plots")
     print(table(summary))
     print(json.dumps(summary, default=_jsonable))
     return summary
 
 
-def _median(values):
+def _median(values) -> float:
     import numpy as np
 
-    return np.median(values) if values else math.nan
+    return float(np.median(values)) if values else math.nan
 
 
 def _jsonable(value):

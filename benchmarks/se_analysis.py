@@ -6,10 +6,12 @@ A run record is a dict (the JSON `run.json` each finished run leaves):
      "rollouts_per_step": 128,                 # fresh (generated) rollouts per training step
      "steps": [{"step": 1, "reward": 0.31, "response_tokens": 6.2,
                 "generation_s": 1.9, "make_experience_s": 0.8, "ppo_train_s": 1.1,
-                "broadcast_s": 0.2, "optimizer_steps": 2}, ...],
-     "evals": [{"step": 0, "accuracy": 0.30, "response_tokens": 6.0}, ...]}
+                "broadcast_s": 0.2, "optimizer_steps": 2, "replayed_rollouts": 64,
+                "train_tokens": 1344}, ...],
+     "evals": [{"step": 0, "accuracy": 0.30, "response_tokens": 6.0,
+                "by_band": {"add 2d+1d": 0.9, ...}}, ...]}
 
-Compute units (docs/METHOD.md section 4, after Arnal et al.): one optimizer step of the GRPO baseline
+Compute units (METHOD.md section 4, after Arnal et al.): one optimizer step of the GRPO baseline
 costs 1. Its price in seconds, `unit_s`, is measured: the baseline runs' total `ppo_train_s`
 divided by their total optimizer steps. A step's cost is then
 
@@ -21,24 +23,44 @@ divided by their total optimizer steps. A step's cost is then
 and a run's cost at step t is the sum over its steps 1..t. Replay adds training units without
 adding generation units; the plots show both axes.
 
+Per-seed scores, the same rule for every condition (so no condition's checkpoint is picked in
+its favour): `final_acc`, the accuracy of the last checkpoint; `best_acc`, the highest accuracy
+among the checkpoints the run trained (step 0, the shared warm start, excluded); `auc`, the area
+under held-out accuracy against generated rollouts divided by the run's rollouts (the curve's
+mean height, in accuracy units: every condition generates the same rollouts). A condition's
+figure is the median of its per-seed scores.
+
+Paired differences (condition A minus condition B, seed by seed: seed s of every condition has
+the same prompt order and the same warm start): their median, a percentile-bootstrap 95%
+interval of that median over seeds, and the exact two-sided sign-flip permutation p-value of
+their mean (the sign test's p beside it). A difference is "resolved" when the interval excludes
+0 and p < 0.05; with n seeds the smallest possible p is 2 / 2**n (0.25 at 3 seeds, 0.0078 at 8).
+
 Curves over seeds: at each x, the median and the 25th / 75th percentiles (numpy's linear
 interpolation) of the runs that have a value there. Held-out evaluations happen at the same
 steps in every run, so curves against steps and rollouts need no interpolation; against compute
 units each run's curve is interpolated linearly onto a common grid, within its own range only.
 
-`rollouts_to_match_ratio`: the threshold is `match_fraction` (0.98) x the baseline's best
-accuracy, where "best" is the maximum over checkpoints of the baseline's median-over-seeds
-held-out accuracy. For a condition, the rollouts at which its median curve first reaches the
-threshold, divided by the same for the baseline; None when its median curve never reaches it.
+`rollouts_to_match_ratio` / `compute_to_match_ratio`: the threshold is `match_fraction` (0.98)
+x the maximum of the baseline's median curve (a level the baseline's median curve does reach).
+For a condition, the rollouts (compute units) at which its median curve first reaches the
+threshold, over the same for the baseline; None when its median curve never reaches it. The
+compute median curve pairs, at each evaluated step, the median over seeds of the compute spent
+with the median accuracy.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 BASELINE = "none"
+SCORES = ("final_acc", "best_acc", "auc")
+PAIRS = (("advantage", "uniform"), ("advantage", "none_2epochs"), ("uniform", "none"), ("advantage", "none"))
+"""Paired comparisons of the summary: (A, B) is reported as `A_vs_B`, differences A - B."""
+ALPHA = 0.05
 
 
 def quantile_band(values_per_run: Sequence[Sequence[float]]) -> dict[str, np.ndarray]:
@@ -143,6 +165,16 @@ def aggregate(curves: Sequence[tuple[np.ndarray, np.ndarray]], grid: np.ndarray 
     return {"x": np.asarray(grid, dtype=float), **quantile_band(values)}
 
 
+def median_step_curve(runs: Sequence[Mapping], unit_s: float, axis: str) -> dict:
+    """At each evaluated step (the same in every run): x = the median over runs of `axis` there,
+    median = the median accuracy. Against steps or rollouts this is `aggregate`'s median curve;
+    against compute units it needs no interpolation, so a first-reach reads off a checkpoint."""
+    curves = [eval_curve(r, unit_s, axis) for r in runs]
+    if any(len(x) != len(curves[0][0]) for x, _ in curves):
+        raise ValueError("runs were evaluated at different steps")
+    return {"x": np.median([x for x, _ in curves], axis=0), "median": np.median([y for _, y in curves], axis=0)}
+
+
 def first_reach(x: Sequence[float], y: Sequence[float], threshold: float) -> float | None:
     """The first x whose y >= threshold (a small tolerance for float noise); None if never."""
     for xi, yi in zip(x, y):
@@ -151,10 +183,10 @@ def first_reach(x: Sequence[float], y: Sequence[float], threshold: float) -> flo
     return None
 
 
-def rollouts_to_match_ratio(condition_curve: dict, baseline_curve: dict,
-                            match_fraction: float = 0.98) -> float | None:
-    """Rollouts for the condition's median curve to reach match_fraction x the baseline's best,
-    over the rollouts the baseline's median curve needs; None when the condition never does."""
+def to_match_ratio(condition_curve: dict, baseline_curve: dict, match_fraction: float = 0.98) -> float | None:
+    """x (rollouts, compute units) for the condition's median curve to reach match_fraction x the
+    maximum of the baseline's median curve, over the x the baseline's own median curve needs;
+    None when the condition never does."""
     threshold = match_fraction * float(np.nanmax(baseline_curve["median"]))
     base = first_reach(baseline_curve["x"], baseline_curve["median"], threshold)
     mine = first_reach(condition_curve["x"], condition_curve["median"], threshold)
@@ -165,8 +197,81 @@ def rollouts_to_match_ratio(condition_curve: dict, baseline_curve: dict,
     return mine / base
 
 
-def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction: float = 0.98) -> dict:
-    """The per-condition summary of a sweep (see the module docstring for each figure)."""
+# ------------------------------------------------------------------------- per-seed statistics
+
+def auc_over_rollouts(rollouts: Sequence[float], accuracy: Sequence[float]) -> float:
+    """Trapezoid area under accuracy against rollouts, over the rollouts spanned: the mean
+    height of the piecewise-linear curve, in accuracy units."""
+    x, y = np.asarray(rollouts, dtype=float), np.asarray(accuracy, dtype=float)
+    if len(x) < 2 or x[-1] <= x[0] or np.any(np.diff(x) < 0):
+        raise ValueError(f"need at least two increasing x values, got {x.tolist()}")
+    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
+
+
+def seed_scores(run: Mapping) -> dict[str, float]:
+    """One run's `final_acc`, `best_acc` (checkpoints after step 0) and `auc` (module docstring)."""
+    evals = sorted(run["evals"], key=lambda e: e["step"])
+    trained = [e["accuracy"] for e in evals if e["step"] > 0]
+    if not trained:
+        raise ValueError(f"run {run.get('condition')}/{run.get('seed')} has no evaluation after step 0")
+    x = [e["step"] * run["rollouts_per_step"] for e in evals]
+    return {"final_acc": float(evals[-1]["accuracy"]), "best_acc": float(max(trained)),
+            "auc": auc_over_rollouts(x, [e["accuracy"] for e in evals])}
+
+
+def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 0) -> float:
+    """Two-sided p-value of the paired permutation test: under no difference each paired
+    difference is as likely to have the opposite sign, so p = the share of the 2**n sign
+    assignments whose |mean| is at least the observed one. Exact up to n = 16 differences,
+    else `n_resamples` random assignments (the observed one counted in). 1.0 for no differences."""
+    d = np.asarray(diffs, dtype=float)
+    if d.size == 0:
+        return 1.0
+    observed = abs(d.mean()) - 1e-12  # a tie with the observed statistic counts as extreme
+    if d.size <= 16:
+        signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))  # (2**n, n)
+        return float(np.mean(np.abs(signs @ d) / d.size >= observed))
+    signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(n_resamples, d.size))
+    return float((np.sum(np.abs(signs @ d) / d.size >= observed) + 1) / (n_resamples + 1))
+
+
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float], n_resamples: int = 10000,
+                      seed: int = 0) -> dict:
+    """A - B over the seeds both have (seed -> score): n, the differences, their median with a
+    percentile-bootstrap 95% interval over seeds, their mean, the sign-flip permutation p and
+    the sign test's p, and whether the difference is resolved (interval excludes 0, p < 0.05)."""
+    from evaluation.metrics import bootstrap_draws, mcnemar_p, percentile_interval
+
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
+    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    draws = bootstrap_draws(d.size, n_resamples, seed, lambda idx, _rng: np.median(d[idx], axis=1))
+    lo, hi = percentile_interval(draws, 0.95)
+    p = sign_flip_p(d)
+    return {"n": int(d.size), "seeds": seeds, "diffs": d.tolist(), "median": float(np.median(d)),
+            "ci95": [lo, hi], "mean": float(d.mean()), "p": p,
+            "sign_p": mcnemar_p(int(np.sum(d < 0)), int(np.sum(d > 0))),
+            "resolved": bool(p < ALPHA and (lo > 0 or hi < 0))}
+
+
+def verdict(stat: Mapping) -> str:
+    """Plain words for a `paired_difference`: which way, and whether it is resolved."""
+    if stat["resolved"]:
+        return "resolved: A higher" if stat["median"] > 0 else "resolved: A lower"
+    return "not resolved"
+
+
+# ----------------------------------------------------------------------------------- summary
+
+def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction: float = 0.98,
+              pairs: Sequence[tuple[str, str]] = PAIRS) -> dict:
+    """The sweep's summary: per condition (figures in the module docstring) and per pair.
+
+    {"conditions": {name: {"seeds": n, "best_acc", "final_acc", "auc", ...}},
+     "pairs": {"A_vs_B": {"final_acc": paired_difference, "best_acc": ..., "auc": ...}}, ...}
+    Pairs whose conditions are not both present are left out.
+    """
     from evaluation.metrics import aes
 
     by_condition: dict[str, list[Mapping]] = {}
@@ -175,38 +280,53 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
     if baseline not in by_condition:
         raise ValueError(f"no run of the baseline condition {baseline!r}; have {sorted(by_condition)}")
     unit_s = unit_seconds(by_condition[baseline])
-    curves = {c: aggregate([eval_curve(r, unit_s, "rollouts") for r in rs]) for c, rs in by_condition.items()}
+    rollout_curves = {c: median_step_curve(rs, unit_s, "rollouts") for c, rs in by_condition.items()}
+    compute_curves = {c: median_step_curve(rs, unit_s, "compute_units") for c, rs in by_condition.items()}
+    scores = {c: {r["seed"]: seed_scores(r) for r in rs} for c, rs in by_condition.items()}
     final = {}
     for c, rs in by_condition.items():
         last = [max(r["evals"], key=lambda e: e["step"]) for r in rs]
         final[c] = {"accuracy": float(np.median([e["accuracy"] for e in last])),
-                    "response_tokens": float(np.mean([e["response_tokens"] for e in last]))}
-    base = final[baseline]
-    summary = {"conditions": list(by_condition), "baseline": baseline, "unit_s": unit_s,
-               "match_fraction": match_fraction,
-               "baseline_best_acc": float(np.nanmax(curves[baseline]["median"]))}
+                    "response_tokens": float(np.mean([e["response_tokens"] for e in last])), "evals": last}
+    conditions = {}
     for c, rs in by_condition.items():
         axes = [cumulative_axes(r, unit_s) for r in rs]
         try:
-            aes_value = aes(final[c]["accuracy"], final[c]["response_tokens"], base["accuracy"],
-                            base["response_tokens"])
+            aes_value = aes(final[c]["accuracy"], final[c]["response_tokens"], final[baseline]["accuracy"],
+                            final[baseline]["response_tokens"])
         except ValueError:  # baseline accuracy 0: AES undefined
             aes_value = None
-        best = int(np.nanargmax(curves[c]["median"]))
-        summary[c] = {
-            "seeds": sorted(r["seed"] for r in rs),
-            "best_acc": float(curves[c]["median"][best]),
-            "best_acc_rollouts": float(curves[c]["x"][best]),
-            "best_acc_per_seed": [max(e["accuracy"] for e in r["evals"]) for r in rs],
-            "final_acc": final[c]["accuracy"],
-            "rollouts_to_match_ratio": rollouts_to_match_ratio(curves[c], curves[baseline], match_fraction),
+        per_seed = scores[c]
+        bands = list(final[c]["evals"][0].get("by_band", {}))
+        conditions[c] = {
+            "seeds": len(rs),
+            "seed_ids": sorted(per_seed),
+            **{k: float(np.median([s[k] for s in per_seed.values()])) for k in SCORES},
+            "per_seed": {k: {seed: s[k] for seed, s in sorted(per_seed.items())} for k in SCORES},
+            "final_acc_iqr": np.percentile([s["final_acc"] for s in per_seed.values()], [25, 75]).tolist(),
+            "final_acc_by_band": {b: float(np.median([e["by_band"][b] for e in final[c]["evals"]])) for b in bands},
+            "rollouts_to_match_ratio": to_match_ratio(rollout_curves[c], rollout_curves[baseline], match_fraction),
+            "compute_to_match_ratio": to_match_ratio(compute_curves[c], compute_curves[baseline], match_fraction),
             "mean_response_tokens": final[c]["response_tokens"],
             "aes_vs_grpo": aes_value,
+            "train_tokens_per_step": float(np.median([np.mean([s["train_tokens"] for s in r["steps"]])
+                                                      for r in rs])),
+            "optimizer_steps_per_step": float(np.median([np.mean([s["optimizer_steps"] for s in r["steps"]])
+                                                         for r in rs])),
+            "replayed_per_step": float(np.median([np.mean([s["replayed_rollouts"] for s in r["steps"]])
+                                                  for r in rs])),
             "total_rollouts": float(np.median([a["rollouts"][-1] for a in axes])),
             "compute_units": float(np.median([a["compute_units"][-1] for a in axes])),
             "train_units": float(np.median([a["train_units"][-1] for a in axes])),
             "generation_units": float(np.median([a["generation_units"][-1] for a in axes])),
-            "final_train_reward": float(np.median([np.mean([s["reward"] for s in r["steps"][-3:]])
-                                                   for r in rs])),
+            "final_train_reward": float(np.median([np.mean([s["reward"] for s in r["steps"][-3:]]) for r in rs])),
         }
-    return summary
+    pair_stats = {}
+    for a, b in pairs:
+        if a in scores and b in scores:
+            pair_stats[f"{a}_vs_{b}"] = {
+                k: paired_difference({s: v[k] for s, v in scores[a].items()},
+                                     {s: v[k] for s, v in scores[b].items()}) for k in SCORES}
+    return {"baseline": baseline, "unit_s": unit_s, "match_fraction": match_fraction,
+            "match_threshold": match_fraction * float(np.nanmax(rollout_curves[baseline]["median"])),
+            "conditions": conditions, "pairs": pair_stats}

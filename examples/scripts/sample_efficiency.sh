@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Sample-efficiency lab (issue #7): GRPO vs the replay conditions at the same number of generated
-# rollouts, through the real CPU pipeline, several seeds each; held-out accuracy, training reward,
-# compute units, a summary JSON (last line printed), curves.png and table.md under the output dir.
-#   bash examples/scripts/sample_efficiency.sh            # 6 conditions x 3 seeds
-#   bash examples/scripts/sample_efficiency.sh --quick    # none, naive, advantage x 1 seed, 6 steps
-#   bash examples/scripts/sample_efficiency.sh --help     # every setting
+# Sample-efficiency lab (issues #7, #14): GRPO, the more-updates control and the replay conditions at
+# the same generated rollouts, through the real CPU pipeline, on arithmetic of spread difficulty;
+# held-out accuracy (overall and per band), paired differences over seeds, compute units, a summary
+# JSON (last line printed), table.md and plots under the output dir.
+#   bash examples/scripts/sample_efficiency.sh               # 10 conditions; 8 seeds of none / uniform / advantage, 3 of the rest
+#   bash examples/scripts/sample_efficiency.sh --quick       # none, uniform, advantage x 1 seed, 10 steps
+#   bash examples/scripts/sample_efficiency.sh --task add2   # the first edition (two-digit addition), as published
+#   bash examples/scripts/sample_efficiency.sh --help        # every setting
 # Rerunning the same command resumes: finished runs (DONE) are kept, unfinished ones redone.
 set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)

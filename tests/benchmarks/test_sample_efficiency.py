@@ -1,38 +1,44 @@
-"""The sample-efficiency lab's analysis on hand-made run records (no Ray, no model)."""
+"""The sample-efficiency lab: its analysis and task on hand-made inputs (no Ray, no model), and
+its `--quick` sweep through the real pipeline (slow)."""
+import json
 import math
+import random
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+import sample_efficiency as se  # noqa: E402
 import se_analysis as sa  # noqa: E402
+import se_task as st  # noqa: E402
 
 
 def make_run(condition, seed, accs, *, eval_every=2, reward=0.5, ppo_s=2.0, gen_s=3.0, opt_steps=2,
-             tokens=7.0, rollouts_per_step=128):
+             tokens=7.0, rollouts_per_step=128, replayed=0.0, by_band=None):
     """A run with len(accs) - 1 evaluations after step 0, one every `eval_every` steps."""
     n_steps = eval_every * (len(accs) - 1)
     steps = [{"step": t, "reward": reward + 0.01 * t, "response_tokens": tokens, "generation_s": gen_s,
-              "make_experience_s": 1.0, "ppo_train_s": ppo_s, "broadcast_s": 0.5, "optimizer_steps": opt_steps}
+              "make_experience_s": 1.0, "ppo_train_s": ppo_s, "broadcast_s": 0.5, "optimizer_steps": opt_steps,
+              "replayed_rollouts": replayed, "train_tokens": (rollouts_per_step + replayed) * tokens}
              for t in range(1, n_steps + 1)]
-    evals = [{"step": i * eval_every, "accuracy": a, "response_tokens": tokens} for i, a in enumerate(accs)]
+    evals = [{"step": i * eval_every, "accuracy": a, "response_tokens": tokens,
+              "by_band": by_band or {"easy": a, "hard": a / 2}} for i, a in enumerate(accs)]
     return {"condition": condition, "seed": seed, "rollouts_per_step": rollouts_per_step, "steps": steps,
             "evals": evals}
 
+
+# ------------------------------------------------------------------------- curves (as before)
 
 def test_quantile_band_median_and_iqr_per_point_ignoring_missing():
     band = sa.quantile_band([[0.0, 1.0, np.nan], [1.0, 2.0, 5.0], [2.0, 6.0, np.nan], [3.0, 3.0, np.nan]])
     assert band["median"].tolist() == [1.5, 2.5, 5.0]
     assert band["q25"][0] == pytest.approx(0.75) and band["q75"][0] == pytest.approx(2.25)
     assert band["n"].tolist() == [4, 4, 1]
-
-
-def test_quantile_band_all_missing_column_is_nan():
-    band = sa.quantile_band([[1.0, np.nan], [2.0, np.nan]])
-    assert math.isnan(band["median"][1]) and band["n"][1] == 0
 
 
 def test_interpolate_onto_is_linear_and_never_extrapolates():
@@ -45,9 +51,6 @@ def test_unit_seconds_is_baseline_train_time_per_optimizer_step():
     runs = [make_run("none", 1, [0.1, 0.2], ppo_s=2.0, opt_steps=2),  # 2 steps: 4 s / 4 updates
             make_run("none", 2, [0.1, 0.2], ppo_s=6.0, opt_steps=2)]  # 2 steps: 12 s / 4 updates
     assert sa.unit_seconds(runs) == pytest.approx(16.0 / 8.0)
-
-
-def test_unit_seconds_refuses_runs_without_updates():
     with pytest.raises(ValueError):
         sa.unit_seconds([make_run("none", 1, [0.1, 0.2], opt_steps=0)])
 
@@ -59,82 +62,142 @@ def test_cumulative_axes_rollouts_and_compute_units():
     # training: (3.0 + 0.5) / 0.5 = 7 per step; generation: (3.0 + 1.0) / 0.5 = 8 per step
     assert axes["train_units"].tolist() == [0, 7, 14, 21, 28]
     assert axes["generation_units"].tolist() == [0, 8, 16, 24, 32]
-    assert axes["compute_units"][-1] == pytest.approx(60)
-
-
-def test_cumulative_axes_refuses_missing_steps():
-    run = make_run("none", 1, [0.1, 0.2])
     del run["steps"][0]
     with pytest.raises(ValueError, match="steps are not"):
         sa.cumulative_axes(run, 1.0)
 
 
-def test_eval_curve_places_evaluations_on_the_chosen_axis():
-    run = make_run("none", 1, [0.1, 0.2, 0.4], eval_every=2)
-    x, y = sa.eval_curve(run, 1.0, "rollouts")
-    assert x.tolist() == [0, 256, 512] and y.tolist() == [0.1, 0.2, 0.4]
-    x, _ = sa.eval_curve(run, 1.0, "step")
-    assert x.tolist() == [0, 2, 4]
-
-
-def test_aggregate_shared_x_takes_the_median_over_runs():
+def test_aggregate_shared_x_and_interpolated_x():
     curves = [(np.array([0, 1, 2]), np.array([0.1, 0.2, 0.3])),
               (np.array([0, 1, 2]), np.array([0.1, 0.4, 0.5])),
               (np.array([0, 1, 2]), np.array([0.1, 0.3, 0.9]))]
-    agg = sa.aggregate(curves)
-    assert agg["x"].tolist() == [0, 1, 2]
-    assert agg["median"].tolist() == pytest.approx([0.1, 0.3, 0.5])
-    assert agg["q75"][2] == pytest.approx(0.7)
-
-
-def test_aggregate_different_x_interpolates_within_the_shortest_run():
-    curves = [(np.array([0.0, 10.0]), np.array([0.0, 1.0])), (np.array([0.0, 20.0]), np.array([0.0, 1.0]))]
-    agg = sa.aggregate(curves)
-    assert agg["x"][-1] == 10.0
-    assert agg["median"][-1] == pytest.approx((1.0 + 0.5) / 2)
+    assert sa.aggregate(curves)["median"].tolist() == pytest.approx([0.1, 0.3, 0.5])
+    uneven = [(np.array([0.0, 10.0]), np.array([0.0, 1.0])), (np.array([0.0, 20.0]), np.array([0.0, 1.0]))]
+    agg = sa.aggregate(uneven)
+    assert agg["x"][-1] == 10.0 and agg["median"][-1] == pytest.approx((1.0 + 0.5) / 2)
 
 
 def test_trailing_mean():
     assert sa.trailing_mean([1.0, 3.0, 5.0, 7.0], 2).tolist() == [1.0, 2.0, 4.0, 6.0]
-    assert sa.trailing_mean([2.0, 4.0], 5).tolist() == [2.0, 3.0]
     with pytest.raises(ValueError):
         sa.trailing_mean([1.0], 0)
 
 
-def test_first_reach():
-    assert sa.first_reach([0, 1, 2, 3], [0.1, 0.5, 0.4, 0.9], 0.45) == 1
-    assert sa.first_reach([0, 1], [0.1, 0.2], 0.5) is None
-
-
-def test_rollouts_to_match_ratio_half_and_never():
+def test_to_match_ratio_half_never_and_the_tolerance():
     base = {"x": np.array([0, 100, 200, 300, 400]), "median": np.array([0.2, 0.3, 0.4, 0.45, 0.5])}
     fast = {"x": base["x"], "median": np.array([0.2, 0.5, 0.5, 0.5, 0.5])}
     slow = {"x": base["x"], "median": np.array([0.2, 0.25, 0.3, 0.35, 0.48])}
-    assert sa.rollouts_to_match_ratio(base, base) == 1.0
-    assert sa.rollouts_to_match_ratio(fast, base) == pytest.approx(100 / 400)
-    assert sa.rollouts_to_match_ratio(slow, base) is None  # 0.48 < 0.98 * 0.5
     almost = {"x": base["x"], "median": np.array([0.2, 0.25, 0.3, 0.35, 0.49])}
-    assert sa.rollouts_to_match_ratio(almost, base) == 1.0  # 0.49 >= 0.98 * 0.5
+    assert sa.to_match_ratio(base, base) == 1.0
+    assert sa.to_match_ratio(fast, base) == pytest.approx(100 / 400)
+    assert sa.to_match_ratio(slow, base) is None  # 0.48 < 0.98 * 0.5
+    assert sa.to_match_ratio(almost, base) == 1.0  # 0.49 >= 0.98 * 0.5
 
+
+def test_median_step_curve_takes_the_median_compute_at_each_evaluated_step():
+    runs = [make_run("none", 1, [0.1, 0.3], ppo_s=1.0), make_run("none", 2, [0.1, 0.5], ppo_s=3.0),
+            make_run("none", 3, [0.1, 0.2], ppo_s=9.0)]
+    curve = sa.median_step_curve(runs, 1.0, "compute_units")
+    # per step: (ppo + 0.5) + (3 + 1); after 2 steps: 11, 15, 27 units; median 15 (mean 17.7)
+    assert curve["x"].tolist() == [0.0, 15.0] and curve["median"].tolist() == pytest.approx([0.1, 0.3])
+
+
+# ----------------------------------------------------------------------- per-seed statistics
+
+def test_auc_is_the_mean_height_of_the_curve_over_rollouts():
+    # trapezoids: (0.2 + 0.4) / 2 * 100 + (0.4 + 0.4) / 2 * 100 = 70 over 200 rollouts
+    assert sa.auc_over_rollouts([0, 100, 200], [0.2, 0.4, 0.4]) == pytest.approx(0.35)
+    with pytest.raises(ValueError):
+        sa.auc_over_rollouts([0], [0.5])
+
+
+def test_seed_scores_take_the_best_checkpoint_after_step_0():
+    run = make_run("uniform", 1, [0.9, 0.3, 0.5, 0.4])  # step 0 is the highest: not a trained checkpoint
+    scores = sa.seed_scores(run)
+    assert scores["final_acc"] == 0.4 and scores["best_acc"] == 0.5
+    # x = 0, 256, 512, 768: three equal spans, trapezoid heights (0.9 + 0.3) / 2, (0.3 + 0.5) / 2,
+    # (0.5 + 0.4) / 2; step 0 counts here: the curve starts at the warm start
+    assert scores["auc"] == pytest.approx((1.2 + 0.8 + 0.9) / 2 / 3)
+
+
+@pytest.mark.parametrize("diffs, p", [
+    ([1.0, 1.0, 1.0], 2 / 8),       # only the all-plus and all-minus assignments reach |mean| 1
+    ([1.0] * 8, 2 / 256),
+    ([3.0, -1.0, 1.0], 6 / 8),      # |sum| >= 3 in 3 of the 4 assignments with +3, and their mirrors
+    ([1.0, -1.0], 1.0),             # mean 0: every assignment is as extreme
+    ([0.0, 0.0, 0.0], 1.0),
+    ([], 1.0),
+])
+def test_sign_flip_p_exact_cases(diffs, p):
+    assert sa.sign_flip_p(diffs) == pytest.approx(p)
+
+
+def test_sign_flip_p_samples_beyond_16_differences():
+    # 2000 random sign assignments, none as extreme (each is with chance 2**-19), plus the observed
+    # one: (0 + 1) / (2000 + 1), where the exact p would be 2 / 2**20
+    assert sa.sign_flip_p([1.0] * 20, n_resamples=2000) == pytest.approx(1 / 2001)
+    assert sa.sign_flip_p([1.0, -1.0] * 10, n_resamples=2000) == 1.0
+
+
+def test_paired_difference_uses_common_seeds_only():
+    a = {1: 0.5, 2: 0.6, 3: 0.7, 5: 0.1}
+    b = {1: 0.4, 2: 0.4, 3: 0.4, 4: 0.9}  # seeds 4 and 5 have no partner
+    d = sa.paired_difference(a, b)
+    assert d["n"] == 3 and d["seeds"] == [1, 2, 3]
+    assert d["diffs"] == pytest.approx([0.1, 0.2, 0.3]) and d["median"] == pytest.approx(0.2)
+    assert 0.1 - 1e-9 <= d["ci95"][0] <= d["ci95"][1] <= 0.3 + 1e-9
+    assert d["p"] == pytest.approx(0.25) and d["sign_p"] == pytest.approx(0.25)
+    assert not d["resolved"] and sa.verdict(d) == "not resolved"  # 3 seeds cannot reach p < 0.05
+
+
+def test_paired_difference_resolved_at_8_seeds_each_way():
+    base = {s: 0.5 for s in range(1, 9)}
+    better = {s: 0.5 + 0.01 * s for s in range(1, 9)}
+    up = sa.paired_difference(better, base)
+    assert up["p"] == pytest.approx(2 / 256) and up["ci95"][0] > 0
+    assert up["resolved"] and sa.verdict(up) == "resolved: A higher"
+    down = sa.paired_difference(base, better)
+    assert down["resolved"] and down["ci95"][1] < 0 and sa.verdict(down) == "resolved: A lower"
+
+
+def test_paired_difference_mixed_signs_is_not_resolved():
+    a = {s: v for s, v in enumerate([0.52, 0.47, 0.55, 0.49, 0.51, 0.46, 0.53, 0.50], start=1)}
+    b = {s: 0.50 for s in a}
+    d = sa.paired_difference(a, b)
+    assert d["ci95"][0] < 0 < d["ci95"][1] and d["p"] > 0.05 and not d["resolved"]
+    assert d["sign_p"] == pytest.approx(1.0)  # 3 below, 3 above, one tie dropped
+    with pytest.raises(ValueError, match="no seed in common"):
+        sa.paired_difference({1: 0.1}, {2: 0.2})
+
+
+# ----------------------------------------------------------------------------------- summary
 
 def test_summarize_end_to_end():
     runs = [make_run("none", s, [0.2, 0.3, 0.4], tokens=8.0) for s in (1, 2, 3)]
-    runs += [make_run("advantage", 1, [0.2, 0.4, 0.4], tokens=6.0, opt_steps=3, ppo_s=3.0),
-             make_run("advantage", 2, [0.2, 0.4, 0.5], tokens=6.0, opt_steps=3, ppo_s=3.0),
-             make_run("advantage", 3, [0.2, 0.1, 0.3], tokens=6.0, opt_steps=3, ppo_s=3.0)]
+    runs += [make_run("advantage", 1, [0.2, 0.4, 0.4], tokens=6.0, opt_steps=3, ppo_s=3.0, replayed=64),
+             make_run("advantage", 2, [0.2, 0.4, 0.5], tokens=6.0, opt_steps=3, ppo_s=3.0, replayed=64),
+             make_run("advantage", 3, [0.2, 0.1, 0.3], tokens=6.0, opt_steps=3, ppo_s=3.0, replayed=64)]
     summary = sa.summarize(runs)
-    assert summary["conditions"] == ["none", "advantage"]
+    none, adv = summary["conditions"]["none"], summary["conditions"]["advantage"]
+    assert list(summary["conditions"]) == ["none", "advantage"] and adv["seeds"] == 3
     assert summary["unit_s"] == pytest.approx(1.0)  # 2.0 s per 2 updates
-    assert summary["none"]["best_acc"] == pytest.approx(0.4)
-    assert summary["advantage"]["best_acc"] == pytest.approx(0.4)  # median curve: 0.2, 0.4, 0.4
-    # GRPO reaches 0.392 at 512 rollouts; advantage's median curve reaches it at 256
-    assert summary["advantage"]["rollouts_to_match_ratio"] == pytest.approx(0.5)
-    assert summary["none"]["rollouts_to_match_ratio"] == pytest.approx(1.0)
-    assert summary["none"]["aes_vs_grpo"] == pytest.approx(0.0)
-    # final median acc 0.4 vs 0.4 (dAcc 0), length 6 vs 8: dLen = 0.25
-    assert summary["advantage"]["aes_vs_grpo"] == pytest.approx(0.25)
-    assert summary["advantage"]["train_units"] == pytest.approx(4 * (3.0 + 0.5))
-    assert summary["advantage"]["total_rollouts"] == 512
+    # per seed: final 0.4 / 0.5 / 0.3, best 0.4 / 0.5 / 0.3, auc 0.35 / 0.375 / 0.175
+    assert adv["final_acc"] == pytest.approx(0.4) and adv["best_acc"] == pytest.approx(0.4)
+    assert adv["auc"] == pytest.approx(0.35) and none["auc"] == pytest.approx(0.3)
+    assert adv["final_acc_by_band"] == {"easy": pytest.approx(0.4), "hard": pytest.approx(0.2)}
+    # threshold 0.98 x 0.4: GRPO at step 4 (512 rollouts, 4 x 6.5 = 26 units); advantage's median
+    # curve (0.2, 0.4, 0.4) at step 2 (256 rollouts, 2 x 7.5 = 15 units)
+    assert summary["match_threshold"] == pytest.approx(0.392)
+    assert adv["rollouts_to_match_ratio"] == pytest.approx(0.5)
+    assert adv["compute_to_match_ratio"] == pytest.approx(15 / 26)
+    assert none["rollouts_to_match_ratio"] == none["compute_to_match_ratio"] == pytest.approx(1.0)
+    assert adv["aes_vs_grpo"] == pytest.approx(0.25)  # same final accuracy, 6 tokens vs 8: dLen 0.25
+    assert adv["train_tokens_per_step"] == pytest.approx(192 * 6.0) and adv["replayed_per_step"] == 64
+    assert adv["optimizer_steps_per_step"] == 3 and adv["train_units"] == pytest.approx(4 * 3.5)
+    pair = summary["pairs"]["advantage_vs_none"]
+    assert set(pair) == {"final_acc", "best_acc", "auc"}
+    assert pair["final_acc"]["diffs"] == pytest.approx([0.0, 0.1, -0.1]) and pair["final_acc"]["p"] == 1.0
+    assert "advantage_vs_uniform" not in summary["pairs"]  # uniform did not run
 
 
 def test_summarize_needs_the_baseline():
@@ -142,42 +205,168 @@ def test_summarize_needs_the_baseline():
         sa.summarize([make_run("advantage", 1, [0.1, 0.2])])
 
 
-def test_parse_step_logs_reads_upstream_status_lines():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from sample_efficiency import parse_step_logs
+# ----------------------------------------------------------------------------- the lab's runs
 
+def test_parse_step_logs_reads_upstream_status_lines():
     text = ("noise\n(PPOTrainer pid=1) INFO ppo_trainer.py:551] \u2728 Global step 1: {'reward': 0.5, "
             "'timing/generation': 1.0, 'x': nan}\n"
             "(PPOTrainer pid=1) INFO ppo_trainer.py:551] \u2728 Global step 2: {'reward': 0.75}\n")
-    steps = parse_step_logs(text)
+    steps = se.parse_step_logs(text)
     assert [s["step"] for s in steps] == [1, 2]
     assert steps[1]["reward"] == 0.75 and math.isnan(steps[0]["x"])
 
 
 def test_parse_step_logs_joins_a_line_ray_split():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from sample_efficiency import parse_step_logs
-
     pre = "\x1b[36m(_ReplayPPOTrainer pid=7)\x1b[0m "
     text = (pre + "INFO ppo_trainer.py:551] \u2728 Global step 3: {'reward': 0.5, 'replay/size': 12\n"
             + pre + "Episode [1/1]:  90%|#### | 688/768\n"
             + "\x1b[36m(Other pid=8)\x1b[0m 99, 'x': 1}\n"
             + pre + "80.0, 'timing/generation': 1.0}\n")
-    steps = parse_step_logs(text)
+    steps = se.parse_step_logs(text)
     assert steps == [{"step": 3, "reward": 0.5, "replay/size": 1280.0, "timing/generation": 1.0}]
 
 
-def test_the_more_updates_control_trains_each_batch_twice_and_counts_its_updates():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    import sample_efficiency as se
+STATUS = {"step": 1, "rollout/reward_mean": 0.5, "rollout/response_length_mean": 7.0, "timing/generation": 1.0,
+          "timing/make_experience": 1.0, "timing/ppo_train": 2.0, "timing/broadcast": 0.1,
+          "rollout/num_samples": 128.0}
 
+
+def test_step_record_counts_updates_and_trained_tokens():
     a = se.parse_args(["--out-dir", "/tmp/unused"])
-    commands = {c: se.train_command(a, c, 1, Path("m"), Path("d"), Path("r")) for c in ("none", "none_2epochs")}
-    epochs = {c: cmd[cmd.index("--train.max_epochs") + 1] for c, cmd in commands.items()}
-    assert epochs == {"none": "1", "none_2epochs": "2"}
-    assert "--replay.mode" in commands["none_2epochs"] and commands["none_2epochs"].count("--train.max_epochs") == 1
-    status = {"step": 1, "rollout/reward_mean": 0.5, "rollout/response_length_mean": 7.0, "timing/generation": 1.0,
-              "timing/make_experience": 1.0, "timing/ppo_train": 2.0, "timing/broadcast": 0.1,
-              "rollout/num_samples": 128.0}
-    assert se.step_record(status, a)["optimizer_steps"] == 2
-    assert se.step_record(status, a, se.EPOCHS["none_2epochs"])["optimizer_steps"] == 4
+    grpo = se.step_record(STATUS, a)
+    assert grpo["optimizer_steps"] == 2 and grpo["train_tokens"] == 128 * 7.0
+    twice = se.step_record(STATUS, a, se.EPOCHS["none_2epochs"])
+    assert twice["optimizer_steps"] == 4 and twice["train_tokens"] == 2 * 128 * 7.0
+    replay = se.step_record({**STATUS, "response_length": 7.0, "replay/replayed": 64.0,
+                             "replay/response_length_replay": 9.0}, a)
+    assert replay["optimizer_steps"] == 3 and replay["train_tokens"] == 128 * 7.0 + 64 * 9.0
+
+
+def _flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in_replay_and_epochs():
+    a = se.parse_args(["--out-dir", "/tmp/unused"])
+    commands = {c: se.train_command(a, c, 3, Path("m"), Path("d"), Path("r")) for c in se.CONDITIONS}
+
+    def shared(cmd):
+        flags = [w for w in cmd if w.startswith("--")]
+        return [(f, _flag(cmd, f)) for f in flags if not f.startswith("--replay.") and f != "--train.max_epochs"
+                and not f.startswith(("--train.colocate_all", "--vllm.enforce_eager", "--ckpt.save_hf",
+                                      "--ckpt.disable_ds"))]
+
+    reference = shared(commands["none"])
+    assert all(shared(cmd) == reference for cmd in commands.values())
+    assert _flag(commands["none"], "--data.max_samples") == "160"  # 10 steps x 16 prompts per pass
+    assert _flag(commands["none"], "--train.num_episodes") == "5"  # 50 steps
+    assert _flag(commands["none"], "--train.seed") == "3" and _flag(commands["none"], "--replay.seed") == "3"
+    assert {c: _flag(cmd, "--train.max_epochs") for c, cmd in commands.items() if c.startswith("none")} == \
+        {"none": "1", "none_2epochs": "2"}
+
+
+def test_condition_flags_of_the_ablations_and_rlep():
+    a = se.parse_args(["--out-dir", "/tmp/unused"])
+    flags = {c: se.condition_flags(c, a) for c in se.CONDITIONS}
+    assert [_flag(flags[c], "--replay.max_age") for c in ("advantage", "advantage_tau2", "advantage_tau40")] \
+        == ["10", "2", "40"]
+    assert [_flag(flags[c], "--replay.alpha") for c in ("advantage", "advantage_alpha1")] == ["0.5", "1.0"]
+    assert _flag(flags["success"], "--replay.mode") == "success" and _flag(flags["success"], "--replay.per_prompt") == "2"
+    assert "--replay.max_age" not in flags["success"]  # RLEP keeps every success
+
+
+def test_args_defaults_per_task_and_checks():
+    full = se.parse_args(["--out-dir", "/tmp/unused"])
+    assert sum(full.seeds_of(c) for c in full.condition_list) == 3 * 8 + 7 * 3
+    first = se.parse_args(["--task", "add2"])
+    assert (first.steps, first.pool_steps, first.heldout_size, first.condition_list) == \
+        (48, 48, 200, list(se.FIRST_EDITION))
+    assert first.out_dir.name == "sample_efficiency_add2" and not first.warm_start_config.split_digits
+    quick = se.parse_args(["--quick", "--steps", "20"])
+    assert quick.steps == 20 and quick.seeds == 1 and quick.condition_list == ["none", "uniform", "advantage"]
+    with pytest.raises(SystemExit):
+        se.parse_args(["--steps", "45"])  # not whole passes over the pool of 10 steps
+    with pytest.raises(SystemExit):
+        se.parse_args(["--conditions", "uniform,advantage"])  # no baseline
+
+
+# ----------------------------------------------------------------------------------- the task
+
+def test_problem_answers_and_band_sizes():
+    assert [st.Problem(7, op, 3, "x").answer for op in "+-*"] == ["10", "4", "21"]
+    assert st.Problem(12, "*", 3, "x").text == "What is 12 * 3?"
+    bands = {b.name: b for b in st.FAMILIES["mixed"]}
+    assert bands["sub 2d-2d"].size == sum(a - 9 for a in range(10, 100))  # b in 10..a: 4,095
+    assert bands["add 3d+3d"].size == 900 * 900
+    sub = bands["sub 2d-2d"].problems(0, 10 ** 6)
+    assert len(sub) == 4095 and all(p.b <= p.a for p in sub)
+
+
+def test_the_mixed_split_is_disjoint_and_stratified():
+    cfg = st.TaskConfig(heldout_size=500)
+    split = st.split_problems(cfg)
+    per_band = {}
+    for p in split.heldout:
+        per_band[p.band] = per_band.get(p.band, 0) + 1
+    assert per_band == {b.name: 100 for b in cfg.bands}
+    train = {(p.a, p.op, p.b) for ps in split.train.values() for p in ps}
+    assert not train & {(p.a, p.op, p.b) for p in split.heldout}
+    assert len(split.train["add 3d+3d"]) == 20000 - 100  # a large band is a sample
+    pool = split.pool(160)
+    assert [p.band for p in pool[:5]] == [b.name for b in cfg.bands] and len(set(pool)) == 160
+    with pytest.raises(ValueError):
+        split.pool(16)  # 16 prompts do not split over 5 bands
+    with pytest.raises(ValueError):
+        st.TaskConfig(heldout_size=501)
+
+
+def test_add2_reproduces_the_first_editions_split():
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    random.Random(0).shuffle(pairs)  # the first edition's split_pairs
+    split = st.split_problems(st.TaskConfig(family="add2", heldout_size=200))
+    assert [(p.a, p.b) for p in split.heldout] == pairs[:200]
+    assert [(p.a, p.b) for p in split.pool(768)] == pairs[200:968]  # its --data.max_samples 768 rows
+
+
+def test_rate_histogram_and_as_problem():
+    problems = [st.Problem(1, "+", 1, "easy"), st.Problem(2, "+", 2, "easy"), st.Problem(9, "*", 9, "hard")]
+    hist = st.rate_histogram(problems, [1.0, 0.5, 0.0], n=4)
+    assert hist == {"all": [1, 0, 1, 0, 1], "easy": [0, 0, 1, 0, 1], "hard": [1, 0, 0, 0, 0]}
+    assert st.as_problem((12, 30)).answer == "42" and st.as_problem(problems[2]) is problems[2]
+
+
+def test_a_tokenizer_that_merged_digits_is_refused():
+    class Vocab:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def get_vocab(self):
+            return dict.fromkeys(self.tokens, 0)
+
+    st._check_digits_are_single_tokens(Vocab(["1", "2", "What", "\u0120is"]))
+    with pytest.raises(ValueError, match="merged digits"):
+        st._check_digits_are_single_tokens(Vocab(["1", "\u01201"]))
+
+
+# ------------------------------------------------------------------------ the whole lab (slow)
+
+@pytest.mark.slow
+def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
+    out = tmp_path / "quick"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/sample_efficiency.py"), "--quick",
+                           "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500,
+                          env={**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert list(summary["conditions"]) == ["none", "uniform", "advantage"]
+    for cond in ("uniform", "advantage"):
+        assert summary["conditions"][cond]["replayed_per_step"] > 0  # replay really happened
+    assert set(summary["pairs"]) == {"advantage_vs_uniform", "uniform_vs_none", "advantage_vs_none"}
+    assert len(summary["conditions"]["none"]["final_acc_by_band"]) == 5
+    assert summary["warm_start"]["pool_size"] == 80
+    for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz"):
+        assert (out / name).is_file(), name
+    # resuming redoes nothing: every run is DONE with the same command
+    again = subprocess.run([sys.executable, str(ROOT / "benchmarks/sample_efficiency.py"), "--quick",
+                            "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "training (" not in again.stdout
