@@ -65,5 +65,12 @@ def gsm8k_train_rows(path: str | Path | None = None):
                     raise DataUnavailableError(f"{local} line {i} is not JSON ({e}); the file must "
                                                f"be {GSM8K_FORMAT}") from None
         return
-    rows = load_hub(*GSM8K_TRAIN_HUB, missing=f"GSM8K training data: no file {local}", provide=provide + ".")
+    yield from gsm8k_hub_rows(missing=f"GSM8K training data: no file {local}", provide=provide + ".")
+
+
+def gsm8k_hub_rows(*, missing: str = "GSM8K training data: the hub's copy was asked for",
+                   provide: str = f"Provide a file ({GSM8K_FORMAT})."):
+    """(where, row) pairs of the hub's GSM8K training split (`openai/gsm8k`), or
+    DataUnavailableError with `missing` and `provide` (see `load_hub`)."""
+    rows = load_hub(*GSM8K_TRAIN_HUB, missing=missing, provide=provide)
     yield from ((f"hub:{GSM8K_TRAIN_HUB[0]} row {i}", row) for i, row in enumerate(rows, 1))

@@ -119,15 +119,21 @@ HUB = "hub"
 
 def _gsm8k_rows(source: str):
     """(where, row) pairs of GSM8K training rows from a JSON-lines file, or from the hub's copy
-    when `source` is `hub` (`evaluation.datasources.gsm8k_train_rows`)."""
-    from evaluation.datasources import DATA_ENV, GSM8K_FORMAT, DataUnavailableError, gsm8k_train_rows
+    when `source` is `hub` (what quickstart_cpu.sh passes when the data folder has no file)."""
+    from evaluation.datasources import (DATA_ENV, GSM8K_FORMAT, GSM8K_TRAIN_FILE, DataUnavailableError,
+                                        data_root, gsm8k_hub_rows, gsm8k_train_rows)
 
+    provide = (f"Provide the file: pass DATA=/path/to/gsm8k_train.jsonl ({GSM8K_FORMAT}), or set {DATA_ENV} "
+               f"to a folder holding {GSM8K_TRAIN_FILE} (it also gives the benchmarks and MODEL=tiny's "
+               "tokenizer corpus)")
     try:
-        yield from gsm8k_train_rows(None if source == HUB else source)
+        if source == HUB:
+            yield from gsm8k_hub_rows(missing=f"GSM8K training data: no file {data_root() / GSM8K_TRAIN_FILE}",
+                                      provide=provide)
+        else:
+            yield from gsm8k_train_rows(source)
     except DataUnavailableError as e:
-        raise QuickstartError(f"{e}; or pass DATA=/path/to/gsm8k_train.jsonl ({GSM8K_FORMAT}). "
-                              f"{DATA_ENV} also gives the benchmarks (benchmarks/<name>/test.jsonl) "
-                              "and MODEL=tiny's tokenizer corpus") from None
+        raise QuickstartError(str(e) if source == HUB else f"{e}. {provide}") from None
 
 
 def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -> int:
