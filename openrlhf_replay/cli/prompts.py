@@ -104,15 +104,15 @@ def prompt_file_problems(args) -> tuple[list[str], list[str]]:
     return errors, notes
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)  # the validator and the launcher ask twice, for errors and notes
 def _check_file(path: str, mtime_ns: int, size: int, input_key: str, label_key: str | None,
-                chat: bool) -> tuple[list[str], list[str]]:
+                chat: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
     try:
         rows = file_rows(path)
     except UnreadableFile as e:
-        return [f"{e}: fix that line (upstream's loader would refuse the whole file)"], []
+        return (f"{e}: fix that line (upstream's loader would refuse the whole file)",), ()
     if not rows:
-        return [f"{path} holds no prompts: fill it, or point --data.prompt_dataset at the right file"], []
+        return (f"{path} holds no prompts: fill it, or point --data.prompt_dataset at the right file",), ()
     bad: dict[str, list[int]] = {}
     no_gold, first_seen, repeats = [], {}, []
     for line, row in rows:
@@ -136,7 +136,7 @@ def _check_file(path: str, mtime_ns: int, size: int, input_key: str, label_key: 
     if repeats:
         notes.append(f"{path}: {len(repeats)} prompt(s) appear more than once ({', '.join(repeats[:SHOWN])}"
                      f"{', ...' if len(repeats) > SHOWN else ''}): each copy is trained on in every episode")
-    return errors, notes
+    return tuple(errors), tuple(notes)
 
 
 def _row_problem(row, input_key: str, label_key: str | None, chat: bool) -> str | None:
@@ -147,14 +147,14 @@ def _row_problem(row, input_key: str, label_key: str | None, chat: bool) -> str 
         return (f"no {input_key!r} key in a row (keys: {', '.join(sorted(row)[:6])}): add the prompt there, "
                 f"or pass --data.input_key <the key that holds it>")
     prompt = row[input_key]
-    if isinstance(prompt, str) or not (chat and isinstance(prompt, list)):
-        if not isinstance(prompt, str):
-            return (f"the prompt ({input_key!r}) is a {type(prompt).__name__}, not a string"
-                    f"{' or a list of chat messages' if chat else ''}: write it as text")
-        if not prompt.strip():
-            return f"the prompt ({input_key!r}) is empty: write it, or remove the row"
-    elif not prompt:
-        return f"the prompt ({input_key!r}) is an empty list of messages: write it, or remove the row"
+    if chat and isinstance(prompt, list):  # chat messages, for --data.apply_chat_template
+        if not prompt:
+            return f"the prompt ({input_key!r}) is an empty list of messages: write it, or remove the row"
+    elif not isinstance(prompt, str):
+        return (f"the prompt ({input_key!r}) is a {type(prompt).__name__}, not a string"
+                f"{' or a list of chat messages' if chat else ''}: write it as text")
+    elif not prompt.strip():
+        return f"the prompt ({input_key!r}) is empty: write it, or remove the row"
     if label_key is None:
         return None
     if label_key not in row:
