@@ -112,11 +112,11 @@ class Args:
     eval_every: int | None = None
     """Held-out evaluation every N steps, plus step 0 (the warm start) (default 5; add2: 4)."""
     replay_ratio: float = 0.5
-    """Replayed rollouts per fresh rollout once replay starts (METHOD.md default)."""
+    """Replayed rollouts per fresh rollout once replay starts (docs/METHOD.md default)."""
     replay_warmup: int = 4
-    """Steps before replay starts (METHOD.md: 20 of ~230 steps; here 4 of 50)."""
+    """Steps before replay starts (docs/METHOD.md: 20 of ~230 steps; here 4 of 50)."""
     replay_max_age: int = 10
-    """Age limit tau_max (steps) of uniform / advantage (METHOD.md default); the ablations use 2, 40."""
+    """Age limit tau_max (steps) of uniform / advantage (docs/METHOD.md default); the ablations use 2, 40."""
     naive_capacity: int = 512
     """naive: FIFO size in rollouts (4 steps' worth of fresh rollouts)."""
     freshness_tau: float = 5.0
@@ -242,7 +242,7 @@ def condition_flags(cond: str, a: Args) -> list[str]:
 
 
 def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_dir: Path) -> list[str]:
-    """The launcher command: METHOD.md's loss settings, sized for a CPU (see Args)."""
+    """The launcher command: docs/METHOD.md's loss settings, sized for a CPU (see Args)."""
     return [
         sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray",
         "--actor.model_name_or_path", str(model),

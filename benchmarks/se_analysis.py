@@ -11,7 +11,7 @@ A run record is a dict (the JSON `run.json` each finished run leaves):
      "evals": [{"step": 0, "accuracy": 0.30, "response_tokens": 6.0,
                 "by_band": {"add 2d+1d": 0.9, ...}}, ...]}
 
-Compute units (METHOD.md section 4, after Arnal et al.): one optimizer step of the GRPO baseline
+Compute units (docs/METHOD.md section 4, after Arnal et al.): one optimizer step of the GRPO baseline
 costs 1. Its price in seconds, `unit_s`, is measured: the baseline runs' total `ppo_train_s`
 divided by their total optimizer steps. A step's cost is then
 
