@@ -54,10 +54,11 @@ class ReplayConfig:
     uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: priority
     decayed by age), success (RLEP: verified-correct rollouts join their prompt's fresh group)."""
     ratio: float = 0.5
-    """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), rounding halves up
-    (success mode replays per_prompt per fresh prompt instead)."""
+    """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), halves up (the integration
+    rounds to whole training batches). Not used by success mode (see per_prompt)."""
     warmup: int = 20
-    """Steps without replay: replay starts at step >= warmup (the buffer fills meanwhile)."""
+    """Steps trained on fresh rollouts only while the buffer fills: the first replay is in step
+    warmup + 1 (OpenRLHF's log counts steps from 1; the buffer's step t counts from 0)."""
     max_age: Optional[int] = None
     """Age limit in steps: a rollout older than this (age = step - version) is evicted. Unset: the
     mode's default (10 for uniform, advantage; no age limit for naive, freshness, success); a

@@ -14,10 +14,10 @@ advantages); the replay buffer's evict / draw / store, the conversions to and fr
 the arrangement for ranks, RLEP regrouping; `get_max_steps` and the LR scheduler it sizes;
 checkpoints (the replay buffer saved, read back and compared, and one resume of the whole
 controller from a checkpoint); upstream's chunking of every batch over the data-parallel ranks
-(`RayActorGroup.async_run_method_batch`) and, on each rank, upstream's buffer (`NaiveReplayBuffer`)
-and the length of its training dataloader. The ranks live in this process, so Ray's object
-store is bypassed (`ray.put` / `ray.get` hand the object over as it is): serializing tensors
-between processes is not what a rehearsal checks, and it would triple its time.
+(`RayActorGroup.async_run_method_batch`, and each rank's `execute_batch`). The ranks live in
+this process, so Ray's object store is bypassed (`ray.put` / `ray.get` hand the object over as
+it is): serializing tensors between processes is not what a rehearsal checks, and it would
+triple its time.
 
 Stand-ins, and only these: generation (token ids drawn per prompt, short by default: lengths
 change no control flow, while upstream's per-token returns loop makes long ones slow here),
@@ -34,7 +34,7 @@ shape-dependent code for real on stand-in micro-batches that only carry their ro
 split of the replay over ranks, the arrangement of the list, upstream's chunking of the forward
 pass and of the training batch, and each rank's training counts.
 
-Prints a line per episode, then one JSON object (the last line): steps expected and completed,
+Prints what it rehearses, then one JSON object (the last line): steps expected and completed,
 fresh and replayed rollouts per step, optimizer steps per step and per rank, micro-batches per
 rank, the LR schedule and its warm-up in optimizer and rollout steps, replay ages, the crash if
 any. Exit status 0 when the run completed without a crash, 1 otherwise.

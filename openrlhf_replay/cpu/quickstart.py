@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+from evaluation.prompting import BOXED_INSTRUCTION
+
 # Rough peak memory of a run (GiB): DeepSpeed actor (bf16 weights, fp32 master + Adam), vLLM
 # weights + 1 GiB KV cache, Ray, the graders.
 MEMORY_NEED_GIB = {"smollm2": 7.0, "tiny": 3.5}
