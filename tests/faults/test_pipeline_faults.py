@@ -41,6 +41,9 @@ REWARD = Path(__file__).with_name("faulty_reward.py")
 TAG_ENV = "OPENRLHF_REPLAY_FAULT_TAG"
 RUN_TIMEOUT_S = 600
 STOP_WITHIN_S = 120  # a run must end this soon after a fault that stops it
+# Ray's dashboard and runtime-env agents outlive a driver killed with SIGKILL (they were the
+# raylet's children, now init's) until they notice the raylet is gone: about a minute here.
+ORPHANS_EXIT_S = 120
 REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio", "0.5"]
 DIGEST = re.compile(r"replay: (saved|restored) (\d+) rollouts (?:to|from) global_step(\d+)\.npz \(state (\w+)\)")
 
@@ -132,7 +135,7 @@ def _run(tmp: Path, name: str, cmd: list[str], ckpt: Path, fault_at: str | None,
     output = log_path.read_text(errors="replace")
     log = output + "".join(p.read_text(errors="replace") for p in workers if p.suffix in (".out", ".err"))
     return {"name": name, "tag": tag, "returncode": proc.returncode, "output": output, "log": log,
-            "stop_s": None if injected_at is None else ended - injected_at, "seconds": ended - t0,
+            "stop_s": None if injected_at is None else ended - injected_at, "seconds": ended - t0, "ended": ended,
             "scalars": _scalars(set((tmp / "tensorboard").rglob("events.*")) - events_before)}
 
 
@@ -179,6 +182,15 @@ def _fill(folder: Path) -> Path:
     return filler
 
 
+def _left_after(run: dict, grace_s: float) -> list[str]:
+    """The run's processes still alive `grace_s` after it ended (waiting no longer than that)."""
+    while True:
+        left = tagged_processes(run["tag"])
+        if not left or time.monotonic() > run["ended"] + grace_s:
+            return left
+        time.sleep(1)
+
+
 def _kill_driver(proc, tag):
     os.kill(proc.pid, signal.SIGKILL)
 
@@ -213,8 +225,7 @@ def chain(tmp_path_factory):
             f.unlink()
         second = _run(tmp, "run2", cmd, ckpt, "global_step2", _kill_driver)
         third = _run(tmp, "run3", cmd, ckpt, "global_step3", _kill_vllm_engine)
-        time.sleep(5)  # Ray's agents watch the raylet for a few seconds before they exit
-        left = {run["name"]: tagged_processes(run["tag"]) for run in (first, second, third)}
+        left = {run["name"]: _left_after(run, ORPHANS_EXIT_S) for run in (first, second, third)}
         for run in (first, second, third):
             print(f"{run['name']}: exit {run['returncode']} after {run['seconds']:.0f} s"
                   f" ({run['stop_s'] or 0:.1f} s after its fault)")
