@@ -66,7 +66,7 @@ EPOCHS = {"none_2epochs": 2}
 # Settings that depend on the task: the first edition's values for add2, so that it reruns as
 # published (48 steps, no prompt returns, 200 held-out, warm start to 0.3 checked every 10 steps).
 TASK_DEFAULTS = {
-    "mixed": {"steps": 50, "pool_steps": 10, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.45,
+    "mixed": {"steps": 50, "pool_steps": 10, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.4,
               "warm_eval_every": 50, "conditions": ",".join(CONDITIONS), "seeds": 8, "ablation_seeds": 3},
     "add2": {"steps": 48, "pool_steps": 48, "eval_every": 4, "heldout_size": 200, "target_accuracy": 0.3,
              "warm_eval_every": 10, "conditions": ",".join(FIRST_EDITION), "seeds": 3, "ablation_seeds": 3},
@@ -130,7 +130,8 @@ class Args:
     """Held-out problems, an equal share per band, never trained on (default 500; add2: 200)."""
     target_accuracy: float | None = None
     """Warm start: supervised training stops at the first check at or above this held-out accuracy
-    (default 0.45; add2: 0.3)."""
+    (default 0.4; add2: 0.3). Measured here (pilot): stopping at 0.48 left GRPO +3 points to gain
+    in 50 steps, at 0.34 +7 but almost no prompt always right; 0.4 keeps a share at each end."""
     warm_eval_every: int | None = None
     """Warm start: supervised steps between checks (default 50; add2: 10)."""
     run_timeout_s: int = 900
