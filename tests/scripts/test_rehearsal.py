@@ -105,8 +105,10 @@ def test_every_condition_warms_up_over_the_same_rollout_steps(subset_runs):
 def test_the_real_dataset_is_cut_to_whole_batches_and_walked_through(tmp_path):
     if not DATA.is_file():
         pytest.fail(f"{DATA} not found")
-    report, log = _rehearse("train_grpo_replay", DATA, tmp_path, REHEARSE="1", EPISODES="2")
+    report, log = _rehearse("train_grpo_replay", DATA, tmp_path, REHEARSE="1", EPISODES="1")
     assert "--data.max_samples 7424" in report["command"]  # 7,474 = 58 x 128 + 50: the 50 are not used
     assert report["crash"] is None, log[-3000:]
-    assert report["steps_per_episode"] == [58, 58] and report["steps_completed"] == 116
-    assert set(report["optimizer_steps_per_rank"]) == {4 * 116 + 2 * (116 - 20)}
+    # The step that would have held the 50 (step 59, 400 rollouts) is not there; replay from step 21.
+    assert report["steps_per_episode"] == [58] and report["steps_completed"] == 58
+    assert set(report["optimizer_steps_per_rank"]) == {4 * 58 + 2 * (58 - 20)}
+    assert report["resumed_at"] == 40
