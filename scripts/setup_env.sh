@@ -21,6 +21,11 @@ fi
 
 command -v "$python" >/dev/null || { echo "setup_env: $python not found; set PYTHON=/path/to/python3.11" >&2; exit 1; }
 echo "setup_env: building $venv (a few minutes the first time)"
+# A set-up killed while it made the venv leaves a python whose pip does not run: make it again.
+if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  echo "setup_env: $venv is incomplete (its pip does not run): making it again"
+  rm -rf "$venv"
+fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 pip=(quiet_pip install --quiet --disable-pip-version-check)
 # This machine's pip configuration lists local package indexes that lack most names; pip warns
