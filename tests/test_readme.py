@@ -42,3 +42,25 @@ def test_every_replay_flag_is_in_the_flags_table():
     flags = _section("## Flags")
     missing = [f.name for f in dataclasses.fields(ReplayConfig) if f"`--replay.{f.name}`" not in flags]
     assert not missing, f"README's flags table lacks {missing}"
+
+
+def test_every_name_in_the_map_from_method_to_code_is_defined_there():
+    """In each cell, `path.py:name` names a file and something defined in it, a bare `name` one more
+    in the last file, and a path without the folder is in the last file's folder."""
+    rows = [line for line in _section("## Layout").splitlines() if line.startswith("| ") and ".py" in line]
+    assert len(rows) >= 10
+    missing, path = [], None
+    for cell in (line.split("|")[2] for line in rows):
+        for token in re.findall(r"`([^`]+)`", cell):
+            if ".py" in token:
+                file, _, name = token.partition(":")
+                path = ROOT / file if (ROOT / file).is_file() else path.parent / file
+                if not path.is_file():
+                    missing.append(token)
+                    continue
+            else:
+                name = token
+            leaf = name.split(".")[-1]
+            if name and not re.search(rf"^\s*(def|class) {leaf}\b|^{leaf}\s*[:=]", path.read_text(), re.M):
+                missing.append(f"{path.relative_to(ROOT)}:{name}")
+    assert not missing, missing
