@@ -72,7 +72,7 @@ TASK_DEFAULTS = {
              "warm_eval_every": 10, "conditions": ",".join(FIRST_EDITION), "seeds": 3, "ablation_seeds": 3},
 }
 # The smoke test checks the lab's mechanics, not a result: its warm start stops at 0.05 held-out
-# accuracy (~550 supervised steps, 1.5 min here) where the sweep's goes on to 0.4 (~1350, 4 min).
+# accuracy (450 supervised steps here) where the sweep's goes on to 0.4 (1350 steps, 228 s idle).
 QUICK = {"steps": 10, "pool_steps": 5, "eval_every": 5, "seeds": 1, "ablation_seeds": 1,
          "conditions": "none,uniform,advantage", "target_accuracy": 0.05}
 
