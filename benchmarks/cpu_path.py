@@ -9,9 +9,9 @@ Each line compares two settings of one knob in the same process, alternating the
 2. threads: the same forward + backward with 1 thread and with every core (what the platform
    gives each Ray worker through OMP_NUM_THREADS).
 3. gradient checkpointing: the same forward + backward with and without it.
-4. optimizer: one AdamW step over the model's parameters with torch's default (per-tensor loop,
-   what the platform configures today), torch's fused kernel and DeepSpeed's CPU Adam, when its
-   op builds here (its first build takes minutes; the build time is reported too).
+4. optimizer: one AdamW step over the model's parameters with torch's default (per-tensor loop),
+   torch's fused kernel (what the platform configures) and DeepSpeed's CPU Adam, when its op
+   builds here (its first build takes minutes; the build time is reported too).
 
     python benchmarks/cpu_path.py [--rounds 3] [--batch 4] [--tokens 256] [--skip-bf16-model]
 

@@ -56,7 +56,7 @@ def test_every_adaptation_is_in_place_in_a_new_process_of_a_cpu_run():
 
         import openrlhf.utils.deepspeed.deepspeed as ds
         config = ds.get_train_ds_config(False, optim_config={{"type": "AdamW", "params": {{"lr": 1.0}}}})
-        assert config["optimizer"]["params"] == {{"lr": 1.0, "torch_adam": True}}
+        assert config["optimizer"]["params"] == {{"lr": 1.0, "torch_adam": True, "fused": True}}
 
         from openrlhf.utils.distributed_util import stateless_init_process_group
         group = stateless_init_process_group("127.0.0.1", {port}, 0, 1, None)
