@@ -31,13 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from evaluation.hardware import choose_cpu_dtype, cpu_description  # noqa: E402
 
 
-def _median_time(fn, rounds: int) -> float:
-    times = []
+def side_by_side(settings: dict, rounds: int) -> dict[str, float]:
+    """Median seconds of each setting's call, the settings taking turns within every round (so a
+    change in the machine's load falls on all of them alike). A setting is a function that
+    prepares its knob and returns the call to time."""
+    times = {name: [] for name in settings}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, prepare in settings.items():
+            call = prepare()
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {name: round(statistics.median(t), 3) for name, t in times.items()}
 
 
 def matmul_gflops(dtype, seconds: float = 1.0) -> float:
@@ -77,9 +82,9 @@ def forward_backward(model, batch: int, tokens: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds in which the settings take turns (default 3)")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per forward + backward (default 4)")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per sequence (default 256)")
     parser.add_argument("--skip-bf16-model", action="store_true",
                         help="skip the bf16 forward + backward (minutes on a CPU without native bf16)")
     args = parser.parse_args()
@@ -97,28 +102,35 @@ def main() -> None:
     model = smollm2_shaped(torch.float32)
     step = forward_backward(model, args.batch, args.tokens)
     step()  # warm-up
-    fwd_bwd = {"fp32": _median_time(step, args.rounds)}
+    fwd_bwd = side_by_side({"fp32": lambda: step}, args.rounds)
     if not args.skip_bf16_model:
         bf16 = smollm2_shaped(torch.bfloat16)
-        bf16_step = forward_backward(bf16, 1, 32)  # a 32x smaller input: the full one takes minutes
-        fwd_bwd["bf16_1x32"] = _median_time(bf16_step, 1)
-        fwd_bwd["fp32_1x32"] = _median_time(forward_backward(model, 1, 32), args.rounds)
+        # a 32x smaller input (the full one takes minutes in bf16 here), one round
+        fwd_bwd |= side_by_side({"bf16_1x32": lambda: forward_backward(bf16, 1, 32),
+                                 "fp32_1x32": lambda: forward_backward(model, 1, 32)}, 1)
         del bf16
-    out["forward_backward_s"] = {k: round(v, 3) for k, v in fwd_bwd.items()}
+    out["forward_backward_s"] = fwd_bwd
     print(f"forward + backward: {out['forward_backward_s']}", flush=True)
 
-    threads = {}
-    for n in (1, cores):
+    def with_threads(n):
         torch.set_num_threads(n)
-        threads[f"{n}_threads"] = round(_median_time(step, args.rounds), 3)
+        return step
+
+    threads = side_by_side({f"{n}_threads": lambda n=n: with_threads(n) for n in (1, cores)}, args.rounds)
     torch.set_num_threads(cores)
     out["forward_backward_threads_s"] = threads
     print(f"threads: {threads}", flush=True)
 
-    checkpointing = {"off": round(_median_time(step, args.rounds), 3)}
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
-    checkpointing["on"] = round(_median_time(step, args.rounds), 3)
+    def with_checkpointing(on: bool):
+        if on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_disable()
+        model.train()
+        return step
+
+    checkpointing = side_by_side({"off": lambda: with_checkpointing(False), "on": lambda: with_checkpointing(True)},
+                                 args.rounds)
     model.gradient_checkpointing_disable()
     out["gradient_checkpointing_s"] = checkpointing
     print(f"gradient checkpointing: {checkpointing}", flush=True)
@@ -136,10 +148,9 @@ def main() -> None:
         out["deepspeed_cpu_adam_build_s"] = round(time.perf_counter() - t0, 1)
     except Exception as e:  # the op compiles C++ here; report why it could not
         out["deepspeed_cpu_adam_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    adam = {}
-    for name, optimizer in optimizers.items():
+    for optimizer in optimizers.values():
         optimizer.step()  # state allocated
-        adam[name] = round(_median_time(optimizer.step, args.rounds), 3)
+    adam = side_by_side({name: lambda o=o: o.step for name, o in optimizers.items()}, args.rounds)
     out["adam_step_s"] = adam
     out["parameters"] = sum(p.numel() for p in params)
     print(f"optimizer step: {adam}", flush=True)
