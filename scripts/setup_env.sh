@@ -38,10 +38,12 @@ quiet_pip() {
 # folder or index with the CPU build) decides where it comes from; the constraint keeps every
 # later step from replacing it.
 "${pip[@]}" torch==2.13.0
-# The ~180 exact pins of the lock go through uv, which installs them in parallel: about 15 s
-# where pip took over 3 minutes (AMD EPYC, 2 cores). Re-resolving (--relock) stays with pip.
+# The ~180 exact pins of the lock go through uv, which downloads and installs them in parallel.
+# Unlike pip it compiles no bytecode unless asked; where PYTHONDONTWRITEBYTECODE is set, every
+# process of a run would then compile vLLM, torch and transformers from source at each import.
+# Re-resolving (--relock) stays with pip.
 "${pip[@]}" uv==0.13.9
-uv=("$venv/bin/uv" pip install --quiet --python "$venv/bin/python")
+uv=("$venv/bin/uv" pip install --quiet --compile-bytecode --python "$venv/bin/python")
 if [ $relock = 1 ]; then
   "${pip[@]}" -r requirements/cpu.in -c requirements/constraints.txt
 else
