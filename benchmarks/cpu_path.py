@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.hardware import choose_cpu_dtype, cpu_description  # noqa: E402
+from evaluation.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype, cpu_description  # noqa: E402
 
 
 def take_turns(settings: dict, rounds: int) -> dict[str, list]:
@@ -95,6 +97,8 @@ def forward_backward(model, batch: int, tokens: int):
 
 
 VLLM_LAYOUTS = {"worker_process": "1", "engine_process": "0"}  # VLLM_ENABLE_V1_MULTIPROCESSING
+"""The engine-process side is what the platform sets (`VLLM_CPU_PROCESS_ENV`); the worker-process
+side differs from it in that one variable."""
 
 
 def vllm_child(model: str, prompts: int, tokens: int) -> dict:
@@ -114,11 +118,8 @@ def vllm_child(model: str, prompts: int, tokens: int) -> dict:
 
 def vllm_layouts(model: str, rounds: int, prompts: int, tokens: int) -> dict:
     """Medians of `vllm_child` per layout, the layouts taking turns."""
-    import os
-    import subprocess
-
     def child(flag: str) -> dict:
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": flag, "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        env = {**os.environ, **VLLM_CPU_PROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": flag,
                "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
         proc = subprocess.run([sys.executable, __file__, "--vllm-child", model, "--vllm-prompts", str(prompts),
                                "--vllm-tokens", str(tokens)], env=env, capture_output=True, text=True)
@@ -149,8 +150,6 @@ def main() -> None:
     if args.vllm_child:
         print(json.dumps(vllm_child(args.vllm_child, args.vllm_prompts, args.vllm_tokens)))
         return
-    import os
-
     import torch
 
     cores = os.cpu_count() or 1

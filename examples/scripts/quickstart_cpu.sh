@@ -129,8 +129,9 @@ say "trained model: $RUN_DIR/model; checkpoint (replay state in _replay/): $RUN_
 
 if [ "$EVAL" = 1 ]; then
   say "5/5 evaluation: $EVAL_LIMIT problems of each of the five benchmarks, greedy, up to $EVAL_MAX_NEW_TOKENS tokens"
-  # The CPU platform's thread settings (openrlhf_replay/cpu/__init__.py) for the evaluation's engine too.
-  run_logged "$RUN_DIR/eval.log" env VLLM_CPU_OMP_THREADS_BIND=nobind OMP_WAIT_POLICY=PASSIVE \
+  # The CPU platform's OpenMP settings (openrlhf_replay/cpu/__init__.py) for the evaluation too; the
+  # harness places vLLM's model itself (evaluation/hardware.py:VLLM_CPU_PROCESS_ENV).
+  run_logged "$RUN_DIR/eval.log" env OMP_WAIT_POLICY=PASSIVE \
     OMP_NUM_THREADS="$(nproc)" "$python" -m evaluation run --model "$RUN_DIR/model" --output-dir "$RUN_DIR/eval" \
     --limit "$EVAL_LIMIT" --max-new-tokens "$EVAL_MAX_NEW_TOKENS" --backend vllm \
     || fail "evaluation stopped: $(diagnose "$RUN_DIR/eval.log")

