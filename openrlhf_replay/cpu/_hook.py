@@ -26,6 +26,7 @@ WATCHED = {
     "openrlhf.trainer.ppo_utils.replay_buffer": "patch_replay_buffer",
     "openrlhf.trainer.ray.vllm_worker_wrap": "patch_vllm_worker_wrap",
     "openrlhf.trainer.ray": "patch_trainer_ray",
+    "openrlhf.trainer.ray.launcher": "patch_ray_launcher",
     "vllm.model_executor.layers.utils": "patch_vllm_layer_utils",
 }
 _MARK = "__openrlhf_replay_cpu_patched__"

@@ -77,6 +77,8 @@ def test_every_adaptation_is_in_place_in_a_new_process_of_a_cpu_run():
         import openrlhf.trainer.ray as trainer_ray
         assert WorkerWrap.update_weight.__openrlhf_replay_cpu__
         assert trainer_ray.create_vllm_engines.__openrlhf_replay_cpu__
+        from openrlhf.trainer.ray.launcher import RayActorGroup
+        assert RayActorGroup.async_init_model_from_pretrained.__openrlhf_replay_cpu__
         print("all adapted")
     """, OPENRLHF_REPLAY_DEVICE="cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
