@@ -17,6 +17,7 @@ is not simulated: run 1 is stopped by killing its driver after step 1 instead.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -279,6 +280,24 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint_with_the_same_buffer(c
     assert 2 in saved and restored == {2: saved[2]}  # the buffer in memory at the save, restored
     assert sorted(_by_step(third, "policy_loss")) == [3]  # the step counter continues (killed in step 4)
     assert _by_step(third, "replay/replayed")[3] == 8  # drawn from the restored buffer at once
+
+
+def test_the_replay_files_left_hold_the_buffers_that_were_saved(chain):
+    """What a later run would load: each replay file kept (--ckpt.max_num 2) holds the buffer whose
+    digest the run that wrote it logged at the save."""
+    from replay import ReplayBuffer, ReplayConfig
+    from replay.checkpoint import state_digest
+
+    saved = {}
+    for run in chain["runs"]:
+        saved.update(_digests(run, "saved"))
+    files = sorted((chain["ckpt"] / "_replay").glob("global_step*.npz"))
+    assert [f.name for f in files] == ["global_step2.npz", "global_step3.npz"]
+    config = ReplayConfig.from_namespace(ReplayConfig.add_cli_args(argparse.ArgumentParser()).parse_args(REPLAY))
+    for f in files:
+        buffer = ReplayBuffer.load(f, config)
+        count, digest = saved[int(f.stem.removeprefix("global_step"))]
+        assert (len(buffer), state_digest(buffer.state_dict())) == (count, digest), f.name
 
 
 def test_a_killed_vllm_engine_stops_the_run_with_a_message_and_nothing_left(chain):
