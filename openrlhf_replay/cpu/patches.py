@@ -309,7 +309,8 @@ class EngineWithDtype:
 
 
 _starting_engines: list = []
-"""vLLM engines created by this driver whose start-up has not been checked yet."""
+"""(creation time, engine) of the vLLM engines this driver created whose start-up has not been
+checked yet."""
 
 
 def patch_trainer_ray(package) -> None:
@@ -325,7 +326,7 @@ def patch_trainer_ray(package) -> None:
             engines = original(*args, **kwargs)
         finally:
             vllm_engine.RolloutRayActor = actor_class
-        _starting_engines.extend(engines)
+        _starting_engines.extend((time.monotonic(), e) for e in engines)
         return engines
 
     package.create_vllm_engines = _adapted(original, create_vllm_engines)
@@ -342,21 +343,23 @@ def patch_ray_launcher(module) -> None:
 
 
 def wait_for_engines() -> None:
-    """Return once every engine in `_starting_engines` has started; a failed or slow start raises
-    `CpuPlatformError` with its cause. Upstream's driver creates the engines, then the actor groups
-    and the controller, then loads the models: called there, the waits overlap."""
+    """Return once every engine in `_starting_engines` has started; a start that fails, or takes
+    longer than the timeout from the engine's creation, raises `CpuPlatformError` with its cause.
+    Upstream's driver creates the engines, then the actor groups and the controller, then loads the
+    models: called there, the waits overlap."""
     if not _starting_engines:
         return
     import ray
 
-    engines = list(_starting_engines)
+    created = min(t for t, _ in _starting_engines)
+    engines = [e for _, e in _starting_engines]
     _starting_engines.clear()
     timeout = float(os.environ.get(ENGINE_START_TIMEOUT_ENV, "900"))
     print(f"cpu: waiting for {len(engines)} vLLM engine(s) to start (timeout {timeout:.0f} s)", flush=True)
-    t0 = time.monotonic()
     try:
         # Any method call returns once the actor's constructor (engine start-up) has finished.
-        ray.get([e.get_num_unfinished_requests.remote() for e in engines], timeout=timeout)
+        ray.get([e.get_num_unfinished_requests.remote() for e in engines],
+                timeout=max(0.0, timeout - (time.monotonic() - created)))
     except ray.exceptions.GetTimeoutError:
         raise CpuPlatformError(
             f"the vLLM engine did not start within {timeout:.0f} s (set {ENGINE_START_TIMEOUT_ENV} to wait "
@@ -364,7 +367,7 @@ def wait_for_engines() -> None:
     except ray.exceptions.RayActorError as e:
         raise CpuPlatformError(f"the vLLM engine failed to start: {_root_cause(e)}. Check the model directory, "
                                "free memory, and VLLM_CPU_KVCACHE_SPACE (GiB of KV cache)") from e
-    print(f"cpu: vLLM engine(s) ready ({time.monotonic() - t0:.0f} s of waiting)", flush=True)
+    print(f"cpu: vLLM engine(s) ready {time.monotonic() - created:.0f} s after their creation", flush=True)
 
 
 def _root_cause(error: BaseException) -> str:

@@ -1,7 +1,9 @@
-"""Real Ray: upstream's chunking hands every rank the same fresh/replay split, and the replay
-controller and policy actor classes start as Ray actors."""
+"""Real Ray: upstream's chunking hands every rank the same fresh/replay split, the replay
+controller and policy actor classes start as Ray actors, and the CPU platform's driver waits for
+the vLLM engines it created."""
 import json
 import sys
+import time
 
 import pytest
 import torch
@@ -130,3 +132,40 @@ def test_refresh_recomputes_old_log_probs_through_the_actor_group(local_ray, mak
         mask = e.action_mask.bool()
         assert torch.equal(e.action_log_probs[mask], torch.full((int(mask.sum()),), -0.25))  # pi_old: current policy
         assert (e.rollout_log_probs[mask] != -0.25).all()  # pi_behaviour: what the store kept
+
+
+class EngineStandIn:
+    """Stands in for a vLLM engine actor: a constructor that takes its time or fails."""
+
+    def __init__(self, start_s: float = 0.0, fail: bool = False):
+        time.sleep(start_s)
+        if fail:
+            raise RuntimeError("no model here")
+
+    def get_num_unfinished_requests(self):
+        return 0
+
+
+def test_the_driver_waits_for_its_engines_and_stops_on_a_failed_or_slow_start(local_ray, monkeypatch):
+    from openrlhf_replay.cpu import CpuPlatformError, patches
+
+    engine = ray.remote(num_cpus=0)(EngineStandIn)
+    monkeypatch.setenv(patches.ENGINE_START_TIMEOUT_ENV, "60")
+    patches._starting_engines.append((time.monotonic(), engine.remote(start_s=1)))
+    patches.wait_for_engines()  # it started: the wait returns, and nothing is left to check
+    assert patches._starting_engines == []
+    patches.wait_for_engines()
+
+    patches._starting_engines.append((time.monotonic(), engine.remote(fail=True)))
+    with pytest.raises(CpuPlatformError, match="the vLLM engine failed to start") as failed:
+        patches.wait_for_engines()
+    assert "no model here" in str(failed.value.__cause__)
+
+    # The timeout runs from the engine's creation (100 s ago here), not from the start of the wait.
+    slow = engine.remote(start_s=60)
+    patches._starting_engines.append((time.monotonic() - 100, slow))
+    t0 = time.monotonic()
+    with pytest.raises(CpuPlatformError, match="did not start within 60 s"):
+        patches.wait_for_engines()
+    assert time.monotonic() - t0 < 10
+    ray.kill(slow)
