@@ -3,8 +3,7 @@
 Three runs of `python -m openrlhf_replay.cli.train_ppo_ray` (Ray, vLLM CPU engine, DeepSpeed
 ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
 
-- `replay`: advantage-prioritised replay, warm-up 1, two steps, checkpoint (replay state
-  included) at step 2, final HF model;
+- `replay`: advantage-prioritised replay, warm-up 1, two steps, final HF model;
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check;
 - `two_ranks`: replay with two DeepSpeed ranks (ZeRO-2 over gloo) and one vLLM engine, over two
@@ -101,15 +100,14 @@ def runs(tmp_path_factory):
     texts = _prompts(tmp / "prompts.jsonl")
     model = build_tiny_qwen3(tmp / "tiny-qwen3", corpus=texts, vocab_size=512)
     base = ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl")]
-    ckpt = ["--ckpt.path", str(tmp / "ckpt"), "--ckpt.save_steps", str(STEPS_PER_EPISODE)]
-    replay = _run(tmp, "replay", base + REPLAY + ckpt + ["--train.num_episodes", "1"])
+    replay = _run(tmp, "replay", base + REPLAY + ["--ckpt.path", str(tmp / "ckpt"), "--train.num_episodes", "1"])
     control = _run(tmp, "control", base + ["--replay.mode", "none", "--train.num_episodes", "1"],
                    env_extra={"OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD": "1"})
     two_ranks = _run(tmp, "two_ranks", _two_rank_argv(tmp, model))
     runs = {"replay": replay, "control": control, "two_ranks": two_ranks}
     for name, run in runs.items():
         print(f"{name}: {run['seconds']:.0f} s")
-    return {"model": model, "ckpt": tmp / "ckpt", **runs}
+    return {"model": model, **runs}
 
 
 def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
