@@ -2,6 +2,7 @@
 
     python -m openrlhf_replay.cpu.quickstart preflight --model smollm2 --run-dir DIR
     python -m openrlhf_replay.cpu.quickstart prepare-model smollm2|tiny|DIR
+    python -m openrlhf_replay.cpu.quickstart prepare-data --source arithmetic --out prompts.jsonl --n 16
     python -m openrlhf_replay.cpu.quickstart prepare-data --source gsm8k_train.jsonl --out prompts.jsonl --n 64
     <training command> 2>&1 | python -m openrlhf_replay.cpu.quickstart progress --log train.log --steps 5
 
@@ -137,14 +138,40 @@ def _gsm8k_rows(source: str):
         raise QuickstartError(str(e) if source == HUB else f"{e}. {provide}") from None
 
 
+ARITHMETIC = "arithmetic"
+SHORT_INSTRUCTION = "Answer with the number only, within \\boxed{}."
+
+
+def arithmetic_rows(n: int, seed: int = 0) -> list[dict]:
+    """`n` one-step problems with single-digit operands, alternately `What is a + b?` and a word
+    problem with a subtraction, as OpenRLHF prompts {"prompt", "label"}: the quickstart's default.
+    The answers are a few tokens long, so a step costs a fraction of a GSM8K step, and SmolLM2-135M
+    solves some of them: 15 of 64 samples right on 16 such problems (temperature 0.7, 32 tokens,
+    mean response 25 tokens), and 10 of the 16 groups of 4 had mixed rewards, so carried an advantage."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        if i % 2 == 0:
+            question, answer = f"What is {a} + {b}?", a + b
+        else:
+            question, answer = f"Tom has {a + b} apples and gives away {b}. How many apples does Tom have left?", a
+        rows.append({"prompt": f"{question}\n{SHORT_INSTRUCTION}", "label": str(answer)})
+    return rows
+
+
 def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -> int:
-    """Write `n` GSM8K problems as OpenRLHF prompts: {"prompt": question + boxed instruction,
+    """Write `n` problems of `arithmetic_rows` (`source` = "arithmetic"), or `n` GSM8K problems as OpenRLHF prompts: {"prompt": question + boxed instruction,
     "label": gold answer}; OpenRLHF applies the chat template (`--data.apply_chat_template`).
     The first `n` rows, or with `easiest` the `n` easiest by a simple rule: single-digit answers
     first, then the shortest reference solutions (ties: file order). Only a group whose rewards
     differ carries an advantage to learn from or to replay, and SmolLM2-135M rarely solves GSM8K:
     on the 64 problems with the shortest solutions it got 6 of 256 samples right (temperature 0.7,
     200 tokens), 5 of the 6 on the 14 problems with single-digit answers."""
+    if str(source) == ARITHMETIC:
+        return _write_prompts(arithmetic_rows(n), out)
     from evaluation.benchmarks import gsm8k_gold
 
     rows = []
@@ -162,6 +189,10 @@ def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -
         raise QuickstartError(f"{source} holds {len(rows)} problems; the run needs {n}")
     if easiest:
         rows = sorted(rows, key=lambda r: r["_difficulty"])[:n]  # stable: ties keep file order
+    return _write_prompts(rows, out)
+
+
+def _write_prompts(rows: list[dict], out: Path) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"prompt": r["prompt"], "label": r["label"]}) + "\n" for r in rows)
@@ -290,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare-model")
     p.add_argument("model")
     p = sub.add_parser("prepare-data")
-    p.add_argument("--source", required=True, help=f"a GSM8K JSON-lines file, or `{HUB}` for the hub's openai/gsm8k")
+    p.add_argument("--source", required=True, help=f"`{ARITHMETIC}` (one-step problems written here), a GSM8K JSON-lines "
+                   f"file, or `{HUB}` for the hub's openai/gsm8k")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--easiest", action="store_true",
@@ -313,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
             print(prepare_model(args.model))
         elif args.command == "prepare-data":
             n = prepare_data(args.source, args.out, args.n, args.easiest)
-            print(f"{n} GSM8K problems{' (the easiest)' if args.easiest else ''} -> {args.out}")
+            kind = ("one-step arithmetic" if args.source == ARITHMETIC
+                    else "GSM8K (the easiest)" if args.easiest else "GSM8K")
+            print(f"{n} {kind} problems -> {args.out}")
         elif args.command == "diagnose":
             print(diagnose(args.log))
         elif args.command == "progress":

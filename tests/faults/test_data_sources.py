@@ -151,7 +151,7 @@ def test_the_quickstart_without_data_stops_before_training(tmp_path, model_dir):
     assert "Or skip the evaluation: EVAL=0" in evaluated.stdout + evaluated.stderr
     tiny = quickstart_run(MODEL="tiny", EVAL="0")  # the tiny model's tokenizer corpus
     assert tiny.returncode == 1 and "GSM8K training data: no file" in tiny.stderr
-    given = quickstart_run(MODEL=str(model_dir), EVAL="0")  # the training prompts
+    given = quickstart_run(MODEL=str(model_dir), EVAL="0", DATA="gsm8k")  # GSM8K prompts instead of arithmetic
     assert given.returncode == 1 and "pass DATA=/path/to/gsm8k_train.jsonl" in given.stderr
     assert "Traceback" not in evaluated.stderr + tiny.stderr + given.stderr
     assert not (tmp_path / "run" / "train.log").exists()  # nothing started

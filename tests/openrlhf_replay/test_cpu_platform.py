@@ -2,6 +2,7 @@
 quickstart helpers. The whole pipeline runs in tests/pipeline/test_cpu_pipeline.py."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import textwrap
 import pytest
 
 from openrlhf_replay.cpu import launcher
-from openrlhf_replay.cpu.quickstart import HUB, QuickstartError, diagnose, prepare_data, step_summary
+from openrlhf_replay.cpu.quickstart import (ARITHMETIC, HUB, QuickstartError, diagnose, prepare_data,
+                                            step_summary)
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
@@ -226,6 +228,24 @@ def test_prepare_data_writes_prompts_and_gold_labels(tmp_path):
     assert [r["label"] for r in rows] == ["72", "1234567", "-3.5"]
     assert rows[0]["prompt"].startswith("Q0?\n") and "\\boxed{}" in rows[0]["prompt"]
     assert set(rows[0]) == {"prompt", "label"}
+
+
+def test_the_default_arithmetic_problems_carry_their_right_answers_and_need_no_data_file(tmp_path):
+    out = tmp_path / "prompts.jsonl"
+    assert prepare_data(ARITHMETIC, out, 6, easiest=True) == 6
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    for row in rows:
+        question, instruction = row["prompt"].split("\n")
+        assert "\\boxed{}" in instruction
+        if m := re.fullmatch(r"What is (\d) \+ (\d)\?", question):
+            assert row["label"] == str(int(m[1]) + int(m[2]))
+        else:
+            m = re.fullmatch(r"Tom has (\d+) apples and gives away (\d)\. How many apples does Tom have left\?", question)
+            assert m and row["label"] == str(int(m[1]) - int(m[2])) and int(row["label"]) > 0
+    assert sum("gives away" in r["prompt"] for r in rows) == 3  # the two kinds alternate
+    again = tmp_path / "again.jsonl"
+    prepare_data(ARITHMETIC, again, 6)
+    assert again.read_text() == out.read_text()  # seeded: every run trains on the same problems
 
 
 def test_prepare_data_easiest_puts_single_digit_answers_then_short_solutions_first(tmp_path):
