@@ -18,7 +18,7 @@
 #   RUN_DIR  where everything goes (default runs/quickstart_cpu/<date-time>)
 #   STEPS    GRPO steps (default 4)        EVAL_LIMIT  problems per benchmark (default 2)
 #   EVAL=0   skip the evaluation
-#   MAX_NEW_TOKENS (48; GSM8K: 200, 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (256)
+#   MAX_NEW_TOKENS (48; GSM8K: 200, 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (128)
 #   OPENRLHF_REPLAY_CPU_DTYPE  compute dtype of training, generation and evaluation: auto (default:
 #            bf16 where the CPU has avx512_bf16 / amx_bf16, fp32 elsewhere, where bf16 is emulated
 #            ~100x slower), bf16 or fp32; the choice and its reason are printed first
@@ -50,7 +50,7 @@ if [ "$DATA" = arithmetic ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-48}
 elif [ "$MODEL" = tiny ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 else MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-200}; fi
 TEMPERATURE=${TEMPERATURE:-0.7}
-EVAL_MAX_NEW_TOKENS=${EVAL_MAX_NEW_TOKENS:-256}
+EVAL_MAX_NEW_TOKENS=${EVAL_MAX_NEW_TOKENS:-128}
 python=$root/.venv/bin/python
 start=$(date +%s)
 
@@ -108,8 +108,9 @@ say "3/5 data: $(( STEPS * PROMPTS_PER_STEP )) training problems ($DATA)"
 
 say "4/5 GRPO + advantage-prioritised replay: $STEPS steps of $PROMPTS_PER_STEP prompts x $SAMPLES_PER_PROMPT samples"
 say "    full log: $RUN_DIR/train.log (starting Ray, vLLM and DeepSpeed takes a minute or two)"
-# ZeRO stage 0: one rank has nothing to partition, and stage 2's gradient bookkeeping made training
-# 20% slower here (2 steps on an AVX2 EPYC: 27-41 s against 35-51 s); the pipeline tests run stage 2.
+# Sized for a 2-core CPU (an AVX2 EPYC, 2 steps each): ZeRO stage 0, as one rank has nothing to
+# partition (stage 2 made training 20% slower: 35-51 s against 27-41 s a step; the pipeline tests
+# run stage 2), and batches of 8 rollouts (against 4: step 2 took 54 s instead of 67-68 s).
 run_logged "$RUN_DIR/train.log" "$python" -m openrlhf_replay.cli.train_ppo_ray \
   --actor.model_name_or_path "$model_dir" \
   --data.prompt_dataset "$RUN_DIR/prompts.jsonl" --data.input_key prompt --data.label_key label \
@@ -121,8 +122,8 @@ run_logged "$RUN_DIR/train.log" "$python" -m openrlhf_replay.cli.train_ppo_ray \
   --algo.advantage.estimator group_norm --algo.kl.init_coef 0 \
   --actor.eps_clip_low_high 0.2 0.28 --actor.adam.lr 1e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
   --rollout.batch_size $PROMPTS_PER_STEP --rollout.n_samples_per_prompt $SAMPLES_PER_PROMPT \
-  --rollout.micro_batch_size 4 --rollout.max_new_tokens "$MAX_NEW_TOKENS" --rollout.temperature "$TEMPERATURE" \
-  --train.batch_size 4 --train.micro_batch_size 4 --train.num_episodes 1 \
+  --rollout.micro_batch_size 8 --rollout.max_new_tokens "$MAX_NEW_TOKENS" --rollout.temperature "$TEMPERATURE" \
+  --train.batch_size 8 --train.micro_batch_size 8 --train.num_episodes 1 \
   --replay.mode advantage --replay.warmup 1 --replay.ratio 0.5 \
   --ckpt.path "$RUN_DIR/checkpoints" --ckpt.save_steps "$STEPS" --ckpt.output_dir "$RUN_DIR/model" \
   --logger.tensorboard_dir "$RUN_DIR/tensorboard" --logger.wandb.run_name train \
