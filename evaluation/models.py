@@ -124,13 +124,38 @@ def prepare_smollm2(out_dir: str | Path | None = None) -> Path:
     return _build_once(target, recipe, lambda tmp: _convert_gguf(gguf_path, tmp))
 
 
+@contextlib.contextmanager
+def _one_gguf_parse():
+    """transformers parses the GGUF file anew for the config, the weights, the tokenizer's config
+    and the tokenizer (its `load_gguf_checkpoint` imports `gguf.GGUFReader` at each call); parsing
+    SmolLM2's 49k-token vocabulary takes seconds each time. Inside this block one reader per file
+    serves every call."""
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def shared_reader(path, mode="r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def _convert_gguf(gguf_path: Path, out: Path) -> None:
     """De-quantise a GGUF causal LM into a plain float32 transformers directory at `out`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     src, name = str(gguf_path.parent), gguf_path.name
-    quantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    with _one_gguf_parse():
+        quantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the copy is plain float weights
@@ -140,7 +165,6 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
     config.pad_token_id = eos_id
     model.save_pretrained(out, safe_serialization=True)
 
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
     tokenizer.pad_token = tokenizer.eos_token
     tokenizer.clean_up_tokenization_spaces = False  # a WordPiece step; wrong (and warned) for BPE

@@ -7,7 +7,7 @@ import pytest
 
 from evaluation import models
 from evaluation.errors import UserError
-from evaluation.models import COMPLETE_MARKER, build_tiny_qwen3, find_smollm2_gguf
+from evaluation.models import COMPLETE_MARKER, _one_gguf_parse, build_tiny_qwen3, find_smollm2_gguf
 
 SMALL = dict(corpus=["What is 2 + 3? The answer is \\boxed{5}.", "Natalia sold 48 clips."] * 50,
              vocab_size=400, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -100,3 +100,14 @@ def test_smollm2_conversion_is_plain_and_answers(smollm2):
     answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "5" in answer
     assert out[0, -1].item() == tokenizer.eos_token_id  # it stops by itself
+
+
+def test_the_conversion_parses_the_gguf_file_once():
+    import gguf
+
+    original, path = gguf.GGUFReader, find_smollm2_gguf()
+    with _one_gguf_parse():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # the config, weights and tokenizer loads share it
+        assert "tokenizer.ggml.tokens" in first.fields
+    assert gguf.GGUFReader is original
