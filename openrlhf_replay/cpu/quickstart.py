@@ -163,9 +163,10 @@ def arithmetic_rows(n: int, seed: int = 0) -> list[dict]:
 
 
 def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -> int:
-    """Write `n` problems of `arithmetic_rows` (`source` = "arithmetic"), or `n` GSM8K problems as OpenRLHF prompts: {"prompt": question + boxed instruction,
-    "label": gold answer}; OpenRLHF applies the chat template (`--data.apply_chat_template`).
-    The first `n` rows, or with `easiest` the `n` easiest by a simple rule: single-digit answers
+    """Write `n` problems as OpenRLHF prompts, {"prompt": question + boxed instruction, "label":
+    gold answer}; OpenRLHF applies the chat template (`--data.apply_chat_template`). `source` is
+    "arithmetic" (`arithmetic_rows`; `easiest` changes nothing) or GSM8K's training rows (a file,
+    or "hub"): the first `n` rows, or with `easiest` the `n` easiest by a simple rule: single-digit answers
     first, then the shortest reference solutions (ties: file order). Only a group whose rewards
     differ carries an advantage to learn from or to replay, and SmolLM2-135M rarely solves GSM8K:
     on the 64 problems with the shortest solutions it got 6 of 256 samples right (temperature 0.7,
