@@ -102,12 +102,24 @@ def test_smollm2_conversion_is_plain_and_answers(smollm2):
     assert out[0, -1].item() == tokenizer.eos_token_id  # it stops by itself
 
 
-def test_the_conversion_parses_the_gguf_file_once():
+def test_the_conversion_parses_the_gguf_file_once(monkeypatch):
+    """transformers' GGUF loader (behind the config, weights and tokenizer loads) opens its reader
+    through `gguf.GGUFReader` at each call: inside the block, two loads open the file once."""
     import gguf
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    original, path = gguf.GGUFReader, find_smollm2_gguf()
+    opened = []
+
+    def counted(*args, **kwargs):
+        opened.append(args[0])
+        return original(*args, **kwargs)
+
+    original = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    path = find_smollm2_gguf()
     with _one_gguf_parse():
-        first = gguf.GGUFReader(path)
-        assert gguf.GGUFReader(str(path)) is first  # the config, weights and tokenizer loads share it
-        assert "tokenizer.ggml.tokens" in first.fields
-    assert gguf.GGUFReader is original
+        first = load_gguf_checkpoint(path, return_tensors=False)
+        again = load_gguf_checkpoint(str(path), return_tensors=False)
+    assert len(opened) == 1
+    assert first["config"] == again["config"] and first["config"]["model_type"] == "llama"
+    assert gguf.GGUFReader is counted  # restored on leaving
