@@ -10,8 +10,8 @@
 #            4M-parameter Qwen3, fast, learns nothing), or a Hugging Face model directory
 #   DATA     arithmetic (default: one-step problems written by the quickstart, short answers), a
 #            GSM8K training file (JSON lines, `question` + `answer` ending in '#### <answer>'; its
-#            easiest problems are taken), `gsm8k` (train/gsm8k_train.jsonl of the data folder) or
-#            `hub` (the hub's openai/gsm8k, on a machine that is online)
+#            easiest problems are taken), `gsm8k` (train/gsm8k_train.jsonl of the data folder, else
+#            the hub's copy) or `hub` (the hub's openai/gsm8k, on a machine that is online)
 #   OPENRLHF_REPLAY_DATA  the data folder (default ../shared/data beside this repository): the
 #            benchmarks in benchmarks/<name>/test.jsonl (else the hub's copies; without either the
 #            run stops before training and says which file is missing), GSM8K in train/

@@ -146,8 +146,8 @@ def arithmetic_rows(n: int, seed: int = 0) -> list[dict]:
     """`n` one-step problems with single-digit operands, alternately `What is a + b?` and a word
     problem with a subtraction, as OpenRLHF prompts {"prompt", "label"}: the quickstart's default.
     The answers are a few tokens long, so a step costs a fraction of a GSM8K step, and SmolLM2-135M
-    solves some of them: 15 of 64 samples right on 16 such problems (temperature 0.7, 32 tokens,
-    mean response 25 tokens), and 10 of the 16 groups of 4 had mixed rewards, so carried an advantage."""
+    solves some of them: 15 of 64 samples right on 16 such problems (transformers, temperature 0.7,
+    32 tokens, mean response 25 tokens), and 10 of the 16 groups of 4 had mixed rewards, so carried an advantage."""
     import random
 
     rng = random.Random(seed)

@@ -100,7 +100,7 @@ def runs(tmp_path_factory):
     texts = _prompts(tmp / "prompts.jsonl")
     model = build_tiny_qwen3(tmp / "tiny-qwen3", corpus=texts, vocab_size=512)
     base = ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl")]
-    replay = _run(tmp, "replay", base + REPLAY + ["--ckpt.path", str(tmp / "ckpt"), "--train.num_episodes", "1"])
+    replay = _run(tmp, "replay", base + REPLAY + ["--train.num_episodes", "1"])
     control = _run(tmp, "control", base + ["--replay.mode", "none", "--train.num_episodes", "1"],
                    env_extra={"OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD": "1"})
     two_ranks = _run(tmp, "two_ranks", _two_rank_argv(tmp, model))
