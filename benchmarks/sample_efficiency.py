@@ -1,8 +1,9 @@
 """Sample-efficiency lab: does replay beat GRPO per generated rollout, and does priority by |A|
 beat uniform replay? Measured through the real pipeline on this machine.
 
-Runs the real pipeline (`python -m openrlhf_replay.cli.train_ppo_ray`: Ray + DeepSpeed +
-vLLM, on CPU through `openrlhf_replay.cpu`) once per (condition, seed), every condition with
+Trains each (condition, seed) through the real pipeline (the command of
+`python -m openrlhf_replay.cli.train_ppo_ray`: Ray + DeepSpeed + vLLM, on CPU through
+`openrlhf_replay.cpu`; see `se_session.py` for how runs share processes), every condition with
 the same prompts per step and the same steps, so the same generated rollouts, on the task of
 `se_task.py` (by default five arithmetic bands of spread difficulty, a 0.53M-parameter Qwen3
 warm-started by supervised training). Seed s of every condition has the same prompt order
@@ -22,9 +23,13 @@ IQR over seeds).
 
 Output dir (default runs/sample_efficiency[_quick|_add2]): `data/`, `warm_start.json` (held-out
 accuracy per band and the spread of per-prompt success rates after the warm start),
-`runs/<condition>_seed<N>/` (command.sh, train.log, run.json, DONE), `summary.json`, `table.md`,
-`curves.png`, `curves_all.png`, `bands.png`, `spread.png`. The warm-started model is cached by
-recipe under runs/sample_efficiency_models/, shared by every output dir. A killed sweep, rerun
+`runs/<condition>_seed<N>/` (command.sh, steps.json, run.json, DONE), `session.log`,
+`summary.json`, `table.md`, `curves.png`, `curves_all.png`, `bands.png`, `spread.png`. The
+warm-started model is cached by recipe under runs/sample_efficiency_models/, shared by every
+output dir. The runs are trained one after another in one session (`se_session.py`: one Ray
+instance, one vLLM engine, one policy actor for all, each run starting from the warm start
+again), because a launch of its own spends about as long starting its processes as a run
+trains; each run's `command.sh` is the same run as a launch of its own. A killed sweep, rerun
 with the same arguments, reruns only the runs without DONE or whose command changed (an
 unfinished run restarts from its beginning: runs are a minute or two long). The last line
 printed is the summary as one JSON object.
@@ -278,47 +283,6 @@ def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_di
     ]
 
 
-_STEP_LINE = re.compile(r"Global step (\d+): (\{.*)$")
-_RAY_PREFIX = re.compile(r"^(?:\x1b\[\d+m)?\(([^)]*pid=\d+)\)(?:\x1b\[0m)? ?")
-
-
-def _status(text: str):
-    try:
-        return eval(text, {"__builtins__": {}}, {"nan": math.nan, "inf": math.inf})  # our own log
-    except (SyntaxError, NameError, ValueError, TypeError):
-        return None
-
-
-def parse_step_logs(log_text: str) -> list[dict]:
-    """Upstream's per-step status dicts (`✨ Global step N: {...}`), last occurrence per step.
-
-    Ray's log forwarding sometimes splits a long line: the rest comes a few lines later with the
-    same `(actor pid=N)` prefix, after other output (progress bars). Such a line is completed by
-    appending the following lines of that actor, prefix removed, until the dict parses.
-    """
-    lines = log_text.splitlines()
-    steps = {}
-    for i, line in enumerate(lines):
-        m = _STEP_LINE.search(line)
-        if not m:
-            continue
-        text, status = m[2].rstrip(), _status(m[2].rstrip())
-        prefix = _RAY_PREFIX.match(line)
-        for follow in lines[i + 1:i + 12] if status is None and prefix else ():
-            p = _RAY_PREFIX.match(follow)
-            if p is None or p[1] != prefix[1]:
-                continue
-            piece = follow[p.end():].rstrip()
-            status = _status(text + piece)
-            if status is not None:
-                break
-            if not re.search(r"%\||\bINFO\b|\bWARNING\b", piece):  # not a progress bar or a log record
-                text += piece
-        if isinstance(status, dict):
-            steps[int(m[1])] = status
-    return [{"step": k, **steps[k]} for k in sorted(steps)]
-
-
 def step_record(status: dict, a: Args, epochs: int = 1) -> dict:
     """The fields the analysis uses from one upstream status dict (`epochs` passes per batch).
 
@@ -344,44 +308,60 @@ def step_record(status: dict, a: Args, epochs: int = 1) -> dict:
     }
 
 
-def run_one(a: Args, cond: str, seed: int, model: Path, data: Path, heldout, log) -> dict:
-    """Train (unless DONE with the same command), evaluate its checkpoints, write run.json."""
-    run_dir = a.out_dir / "runs" / f"{cond}_seed{seed}"
-    cmd = train_command(a, cond, seed, model, data, run_dir)
-    script = "#!/usr/bin/env bash\ncd " + str(REPO) + "\n" + " ".join(map(_quote, cmd)) + "\n"
+def run_dir_of(a: Args, cond: str, seed: int) -> Path:
+    return a.out_dir / "runs" / f"{cond}_seed{seed}"
+
+
+def command_script(cmd: list[str]) -> str:
+    return "#!/usr/bin/env bash\ncd " + str(REPO) + "\n" + " ".join(map(_quote, cmd)) + "\n"
+
+
+def finished_record(a: Args, cond: str, seed: int, cmd: list[str]) -> dict | None:
+    """The run's record if it is DONE with this command; otherwise None, and its folder emptied."""
+    run_dir = run_dir_of(a, cond, seed)
     done = (run_dir / "DONE").is_file() and (run_dir / "run.json").is_file()
-    same = (run_dir / "command.sh").is_file() and (run_dir / "command.sh").read_text() == script
+    same = (run_dir / "command.sh").is_file() and (run_dir / "command.sh").read_text() == command_script(cmd)
     if done and same:
         return json.loads((run_dir / "run.json").read_text())
     if run_dir.exists():
-        log(f"{run_dir.name}: {'a run with other settings' if done else 'an unfinished run'} found; redoing it")
         shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    (run_dir / "command.sh").write_text(script)
-    log(f"{run_dir.name}: training ({a.steps} steps x {a.rollouts_per_step} rollouts)")
-    load_start = os.getloadavg()[0]
-    t0 = time.perf_counter()
-    with open(run_dir / "train.log", "w") as out:
+    return None
+
+
+def train_in_session(a: Args, jobs: list[tuple[str, int, list[str]]], log) -> tuple[list, list]:
+    """Train these (condition, seed, command) runs in one `se_session.py` process (one Ray
+    instance, one vLLM engine, one policy actor for all; see its docstring). Returns (the runs
+    whose steps.json it wrote, the run that failed if one did: the session stops there)."""
+    for cond, seed, cmd in jobs:
+        run_dir = run_dir_of(a, cond, seed)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "command.sh").write_text(command_script(cmd))
+    spec = a.out_dir / "session_jobs.json"
+    spec.write_text(json.dumps([{"name": f"{c}_seed{s}", "command": cmd, "out": str(run_dir_of(a, c, s)),
+                                 "timeout_s": a.run_timeout_s} for c, s, cmd in jobs], indent=1))
+    log(f"training {len(jobs)} run(s) in one session ({a.steps} steps x {a.rollouts_per_step} rollouts each); "
+        f"log: {a.out_dir / 'session.log'}")
+    with open(a.out_dir / "session.log", "a") as out:
         try:
-            rc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                timeout=a.run_timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
+            rc = subprocess.run([sys.executable, str(REPO / "benchmarks/se_session.py"), str(spec)], cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT, timeout=a.run_timeout_s * (len(jobs) + 1),
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    loads = [load_start, os.getloadavg()[0]]
-    return finalize_run(a, cond, seed, run_dir, heldout, rc, time.perf_counter() - t0, log, loads)
+    trained = [job for job in jobs if (run_dir_of(a, job[0], job[1]) / "steps.json").is_file()]
+    failed = [job for job in jobs if (run_dir_of(a, job[0], job[1]) / "error.txt").is_file()]
+    if rc != 0:
+        log(f"the session ended with {rc} after {len(trained)} of {len(jobs)} run(s)")
+    return trained, failed
 
 
-def finalize_run(a: Args, cond: str, seed: int, run_dir: Path, heldout, rc, wall_s: float, log,
-                 loads=None) -> dict:
-    """Check a trained run's log, grade its checkpoints, write run.json and DONE.
-
-    Also callable on a run whose training finished but whose log an older parser misread:
-    `python benchmarks/sample_efficiency.py --finalize <condition>_seed<N>` (wall time then from
-    the files' times)."""
-    statuses = parse_step_logs((run_dir / "train.log").read_text(errors="replace"))
-    if rc != 0 or len(statuses) != a.steps:
-        raise RuntimeError(f"{run_dir.name}: the launcher exited with {rc} after {len(statuses)}/{a.steps} steps; "
-                           f"see {run_dir / 'train.log'}")
+def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
+    """Grade a trained run's checkpoints on the held-out split, write run.json and DONE."""
+    run_dir = run_dir_of(a, cond, seed)
+    trained = json.loads((run_dir / "steps.json").read_text())
+    statuses = trained["steps"]
+    if len(statuses) != a.steps:
+        raise RuntimeError(f"{run_dir.name}: {len(statuses)}/{a.steps} steps trained; see {a.out_dir / 'session.log'}")
     t1 = time.perf_counter()
     evals = [{"step": 0, **a.__dict__["_step0_eval"]}]
     for step in range(a.eval_every, a.steps + 1, a.eval_every):
@@ -390,15 +370,17 @@ def finalize_run(a: Args, cond: str, seed: int, run_dir: Path, heldout, rc, wall
         evals.append({"step": step, "accuracy": result.accuracy, "response_tokens": result.mean_response_tokens,
                       "by_band": result.by_band})
         shutil.rmtree(ckpt)  # graded; the weights are not needed again (the final model stays in model/)
+    wall_s = trained["wall_s"]
     record = {"condition": cond, "seed": seed, "rollouts_per_step": a.rollouts_per_step,
               "wall_s": wall_s, "eval_s": time.perf_counter() - t1,
               "startup_s": wall_s - sum(s["timing/step_total"] for s in statuses),
-              "load_avg_1min_start_end": loads,
+              "session_startup_s": trained["session_startup_s"],
+              "load_avg_1min_start_end": trained["load_avg_1min_start_end"],
               "steps": [step_record(s, a, EPOCHS.get(cond, 1)) for s in statuses], "evals": evals}
     (run_dir / "run.json").write_text(json.dumps(record, indent=1))
     (run_dir / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     replayed = sum(s["replayed_rollouts"] for s in record["steps"])
-    log(f"{run_dir.name}: done in {wall_s:.0f} s (+{record['eval_s']:.0f} s eval), {replayed:.0f} replayed; "
+    log(f"{run_dir.name}: trained in {wall_s:.0f} s (+{record['eval_s']:.0f} s eval), {replayed:.0f} replayed; "
         "held-out acc " + " ".join(f"{e['accuracy']:.2f}" for e in evals))
     return record
 
@@ -614,23 +596,38 @@ def main(argv=None) -> dict:
     runs = []
     if a.finalize:
         cond, seed = a.finalize.rsplit("_seed", 1)
-        run_dir = a.out_dir / "runs" / a.finalize
         _, _, heldout, _ = prepare(a, log)
-        wall_s = (run_dir / "train.log").stat().st_mtime - (run_dir / "command.sh").stat().st_mtime
-        return finalize_run(a, cond, int(seed), run_dir, heldout, 0, wall_s, log)
+        return finalize_run(a, cond, int(seed), heldout, log)
     if not a.analyse_only:
         log(f"sweep on {cpu_description()}; load average {' '.join(f'{x:.2f}' for x in load_start)}")
         model, data, heldout, _ = prepare(a, log)
-        failed = []
-        for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1):
-            for cond in a.condition_list:  # seed-major: a cut-short sweep still has every condition
-                if seed > a.seeds_of(cond):
-                    continue
+        planned = [(cond, seed) for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1)
+                   for cond in a.condition_list if seed <= a.seeds_of(cond)]  # seed-major: a cut-short sweep has them all
+        records, pending, failed = {}, [], []
+        for cond, seed in planned:
+            cmd = train_command(a, cond, seed, model, data, run_dir_of(a, cond, seed))
+            record = finished_record(a, cond, seed, cmd)
+            if record is None:
+                pending.append((cond, seed, cmd))
+            else:
+                records[cond, seed] = record
+        while pending:
+            trained, broken = train_in_session(a, pending, log)
+            for cond, seed, _ in trained:
                 try:
-                    runs.append(run_one(a, cond, seed, model, data, heldout, log))
+                    records[cond, seed] = finalize_run(a, cond, seed, heldout, log)
                 except RuntimeError as e:
                     log(f"FAILED: {e}")
                     failed.append(f"{cond}_seed{seed}")
+            for cond, seed, _ in broken:
+                log(f"FAILED: {cond}_seed{seed}; see {run_dir_of(a, cond, seed) / 'error.txt'} and the session log")
+                failed.append(f"{cond}_seed{seed}")
+            if not trained and not broken:  # the session died before its first run ended
+                failed += [f"{c}_seed{s}" for c, s, _ in pending]
+                break
+            done = {(c, s) for c, s, _ in trained + broken}
+            pending = [job for job in pending if (job[0], job[1]) not in done]
+        runs = [records[key] for key in planned if key in records]
         if failed:
             log(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them")
     else:
@@ -648,6 +645,7 @@ def main(argv=None) -> dict:
         "date": time.strftime("%Y-%m-%d"), "cpu": cpu_description(), "runs": len(runs),
         "run_wall_s_median": _median([r["wall_s"] for r in runs]),
         "startup_s_median": _median([r["startup_s"] for r in runs]),
+        "session_startup_s_total": sum(r.get("session_startup_s", 0.0) for r in runs),
         "eval_s_median": _median([r["eval_s"] for r in runs]),
         "run_wall_s_total": sum(r["wall_s"] + r["eval_s"] for r in runs),
         "this_call": None if a.analyse_only else {

@@ -207,25 +207,6 @@ def test_summarize_needs_the_baseline():
 
 # ----------------------------------------------------------------------------- the lab's runs
 
-def test_parse_step_logs_reads_upstream_status_lines():
-    text = ("noise\n(PPOTrainer pid=1) INFO ppo_trainer.py:551] \u2728 Global step 1: {'reward': 0.5, "
-            "'timing/generation': 1.0, 'x': nan}\n"
-            "(PPOTrainer pid=1) INFO ppo_trainer.py:551] \u2728 Global step 2: {'reward': 0.75}\n")
-    steps = se.parse_step_logs(text)
-    assert [s["step"] for s in steps] == [1, 2]
-    assert steps[1]["reward"] == 0.75 and math.isnan(steps[0]["x"])
-
-
-def test_parse_step_logs_joins_a_line_ray_split():
-    pre = "\x1b[36m(_ReplayPPOTrainer pid=7)\x1b[0m "
-    text = (pre + "INFO ppo_trainer.py:551] \u2728 Global step 3: {'reward': 0.5, 'replay/size': 12\n"
-            + pre + "Episode [1/1]:  90%|#### | 688/768\n"
-            + "\x1b[36m(Other pid=8)\x1b[0m 99, 'x': 1}\n"
-            + pre + "80.0, 'timing/generation': 1.0}\n")
-    steps = se.parse_step_logs(text)
-    assert steps == [{"step": 3, "reward": 0.5, "replay/size": 1280.0, "timing/generation": 1.0}]
-
-
 STATUS = {"step": 1, "rollout/reward_mean": 0.5, "rollout/response_length_mean": 7.0, "timing/generation": 1.0,
           "timing/make_experience": 1.0, "timing/ppo_train": 2.0, "timing/broadcast": 0.1,
           "rollout/num_samples": 128.0}
