@@ -347,7 +347,10 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     assert summary["warm_start"]["pool_size"] == 80
     for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz"):
         assert (out / name).is_file(), name
-    # resuming redoes nothing: every run is DONE with the same command
+    assert "training 3 run(s) in one session" in proc.stdout
+    # resuming redoes nothing: every run is DONE with the same command, so no session starts
+    session_log = (out / "session.log").read_text()
     again = subprocess.run([sys.executable, str(ROOT / "benchmarks/sample_efficiency.py"), "--quick",
                             "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "training (" not in again.stdout
+    assert again.returncode == 0 and "in one session" not in again.stdout
+    assert (out / "session.log").read_text() == session_log
