@@ -25,22 +25,21 @@ the engine is built from must be the same in every command (`ENGINE_FLAGS`).
     python benchmarks/se_session.py JOBS.json
 
 JOBS.json is a list of {"name", "command" (a `python -m openrlhf_replay.cli.train_ppo_ray ...`
-argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped after it)}. For each run, in order, `<out>/steps.json` gets upstream's status dict of
-every step (the dict its `Global step N` line prints) and the run's wall time. A run that fails
-stops the session with exit status 1 and its error in `<out>/error.txt`; the runs before it keep
-their results.
+argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped after it)}. For
+each run, in order, `<out>/steps.json` gets upstream's status dict of every step (the dict its
+`Global step N` line prints) and the run's wall time. A run that fails stops the session with
+exit status 1 and its error in `<out>/error.txt`; the runs before it keep their results.
 """
 from __future__ import annotations
-
-import time
-
-STARTED = time.perf_counter()
 
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
+
+STARTED = time.perf_counter()  # the session's start-up is counted from here (imports are below, lazily)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
