@@ -27,8 +27,11 @@ the engine is built from must be the same in every command (`ENGINE_FLAGS`).
 JOBS.json is a list of {"name", "command" (a `python -m openrlhf_replay.cli.train_ppo_ray ...`
 argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped after it)}. For
 each run, in order, `<out>/steps.json` gets upstream's status dict of every step (the dict its
-`Global step N` line prints) and the run's wall time. A run that fails stops the session with
-exit status 1 and its error in `<out>/error.txt`; the runs before it keep their results.
+`Global step N` line prints), the run's wall time and, for the first run, `session_startup_s`:
+from this process's start to that run's start (resolving every command, Ray, the engine's and
+actors' creation; the engine's own start-up is waited for inside the first run). A run that fails
+stops the session with exit status 1 and its error in `<out>/error.txt`; the runs before it keep
+their results.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import time
 import traceback
 from pathlib import Path
 
-STARTED = time.perf_counter()  # the session's start-up is counted from here (imports are below, lazily)
+STARTED = time.perf_counter()  # `session_startup_s` counts from here (the heavy imports are lazy, below)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -51,12 +54,6 @@ ENGINE_FLAGS = ("actor.model_name_or_path", "actor.num_nodes", "actor.num_gpus_p
                 "vllm.enforce_eager", "vllm.gpu_memory_utilization", "vllm.sync_backend",
                 "algo.advantage.is_correction_level", "train.agent_func_path", "reward.remote_url",
                 "train.full_determinism_enable", "train.colocate_all", "algo.kl.init_coef")
-
-
-def _get(args, dotted: str):
-    for part in dotted.split("."):
-        args = getattr(args, part)
-    return args
 
 
 def resolve(command: list[str]):
@@ -74,8 +71,11 @@ def resolve(command: list[str]):
 
 
 def engine_mismatches(first, args) -> list[str]:
-    return [f"--{flag}: {_get(first, flag)!r} in the first run, {_get(args, flag)!r} here" for flag in ENGINE_FLAGS
-            if _get(first, flag) != _get(args, flag)]
+    from openrlhf_replay.cli.validate import _flatten
+
+    mine, theirs = _flatten(first), _flatten(args)
+    return [f"--{flag}: {mine[flag]!r} in the first run, {theirs[flag]!r} here" for flag in ENGINE_FLAGS
+            if mine[flag] != theirs[flag]]
 
 
 def _controller_class():
@@ -124,6 +124,7 @@ class Session:
         from ray.util.placement_group import placement_group
 
         from openrlhf_replay.trainer.ray.ppo_actor import ReplayPolicyModelActor
+        from openrlhf_replay.utils import world_size
 
         if args.algo.kl.init_coef > 0 or not args.train.colocate_all or args.critic.model_name_or_path:
             raise SystemExit("se_session: runs colocated policy and vLLM only (--train.colocate_all), without a "
@@ -131,8 +132,7 @@ class Session:
         self.first = args
         ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN",
                                            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1"}})
-        gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
-        pg = placement_group([{"GPU": 1, "CPU": 1}] * gpus, strategy="PACK")
+        pg = placement_group([{"GPU": 1, "CPU": 1}] * world_size(args), strategy="PACK")
         ray.get(pg.ready())
         # upstream train()'s own call, with the first run's settings
         self.engines = create_vllm_engines(
@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENRLHF_REPLAY_DEVICE", "cpu")
     if not cpu_launcher.activate():
         raise SystemExit("se_session: runs on the CPU platform only (OPENRLHF_REPLAY_DEVICE=cpu)")
-    print(cpu_launcher.describe(), flush=True)
-    resolved = [resolve(job["command"]) for job in jobs]  # every refusal before Ray starts
+    resolved = [resolve(job["command"]) for job in jobs]  # every refusal before Ray starts (each prints the platform)
     session = Session(resolved[0])
     print(f"se_session: {len(jobs)} run(s); Ray, vLLM and the actors started", flush=True)
     try:
