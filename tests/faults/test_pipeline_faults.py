@@ -29,17 +29,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+from run_processes import TAG_ENV, left_after, new_tag, tagged_processes
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 REWARD = Path(__file__).with_name("faulty_reward.py")
-TAG_ENV = "OPENRLHF_REPLAY_FAULT_TAG"
 RUN_TIMEOUT_S = 600
 STOP_WITHIN_S = 120  # a run must end this soon after a fault that stops it
 # Ray's dashboard and runtime-env agents outlive a driver killed with SIGKILL (they were the
@@ -82,19 +81,6 @@ def _prompts(path: Path, n: int = 16) -> list[str]:
     return texts
 
 
-def tagged_processes(tag: str) -> list[str]:
-    """'pid command' of every live process whose environment holds this run's tag."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if f"{TAG_ENV}={tag}\0".encode() in (proc / "environ").read_bytes():
-                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
-                found.append(f"{proc.name} {command}")
-    return found
-
-
 def _latest(ckpt: Path) -> str:
     with contextlib.suppress(OSError):
         return (ckpt / "_actor" / "latest").read_text().strip()
@@ -105,8 +91,9 @@ def _run(tmp: Path, name: str, cmd: list[str], ckpt: Path, fault_at: str | None,
     """Run `cmd`; once `<ckpt>/_actor/latest` names `fault_at`, call `inject(proc, tag)` once. Returns
     the run's exit status, log (the driver's output and its Ray workers' logs), scalars and the
     seconds from the fault to the end."""
-    tag = f"{name}-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ, OPENRLHF_REPLAY_DEVICE="cpu", PYTHONUNBUFFERED="1", **{TAG_ENV: tag})
+    tagged = new_tag(name)
+    tag = tagged[TAG_ENV]
+    env = dict(os.environ, OPENRLHF_REPLAY_DEVICE="cpu", PYTHONUNBUFFERED="1", **tagged)
     env.pop("RAY_ADDRESS", None)
     log_path = tmp / f"{name}.log"
     events_before = set((tmp / "tensorboard").rglob("events.*"))
@@ -183,15 +170,6 @@ def _fill(folder: Path) -> Path:
     return filler
 
 
-def _left_after(run: dict, grace_s: float) -> list[str]:
-    """The run's processes still alive `grace_s` after it ended (waiting no longer than that)."""
-    while True:
-        left = tagged_processes(run["tag"])
-        if not left or time.monotonic() > run["ended"] + grace_s:
-            return left
-        time.sleep(1)
-
-
 def _kill_driver(proc, tag):
     os.kill(proc.pid, signal.SIGKILL)
 
@@ -226,7 +204,7 @@ def chain(tmp_path_factory):
             f.unlink()
         second = _run(tmp, "run2", cmd, ckpt, "global_step2", _kill_driver)
         third = _run(tmp, "run3", cmd, ckpt, "global_step3", _kill_vllm_engine)
-        left = {run["name"]: _left_after(run, ORPHANS_EXIT_S) for run in (first, second, third)}
+        left = {run["name"]: left_after(run["tag"], run["ended"], ORPHANS_EXIT_S) for run in (first, second, third)}
         for run in (first, second, third):
             print(f"{run['name']}: exit {run['returncode']} after {run['seconds']:.0f} s"
                   f" ({run['stop_s'] or 0:.1f} s after its fault)")

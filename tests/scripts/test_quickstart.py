@@ -9,34 +9,36 @@ import time
 from pathlib import Path
 
 import pytest
+from run_processes import TAG_ENV, left_after, new_tag, tagged_processes
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples/scripts/quickstart_cpu.sh"
-# Processes a run starts: Ray's services and workers, vLLM's engine, the grader pool.
-RUN_PROCESSES = "raylet|gcs_server|ray::|VLLM|EngineCore|default_worker.py"
+EXIT_S = 15  # a run's processes (Ray's, vLLM's, the grader pool) must be gone this soon after it ended
 
 
-def _quickstart(tmp: Path, run_dir: Path, **settings) -> subprocess.CompletedProcess:
+def _env(tmp: Path, run_dir: Path, name: str, **settings) -> dict:
+    """The quickstart's environment, with a tag that every process of the run inherits."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DATA", "MODEL")}
-    env.update(OPENRLHF_REPLAY_MODEL_CACHE=str(tmp / "models"), RUN_DIR=str(run_dir), STEPS="2",
-               MAX_NEW_TOKENS="16", EVAL_LIMIT="1", EVAL_MAX_NEW_TOKENS="16")
+    env.update(OPENRLHF_REPLAY_MODEL_CACHE=str(tmp / "models"), RUN_DIR=str(run_dir), **new_tag(name))
     env.update(settings)
-    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+    return env
 
 
-def _run_processes() -> set[str]:
-    out = subprocess.run(["pgrep", "-af", RUN_PROCESSES], capture_output=True, text=True).stdout
-    return {line for line in out.splitlines() if "pgrep" not in line}
+def _quickstart(tmp: Path, run_dir: Path, name: str, **settings) -> tuple[subprocess.CompletedProcess, list]:
+    """Run the quickstart; its exit and the processes it left running."""
+    env = _env(tmp, run_dir, name, STEPS="2", MAX_NEW_TOKENS="16", EVAL_LIMIT="1", EVAL_MAX_NEW_TOKENS="16",
+               **settings)
+    proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+    return proc, left_after(env[TAG_ENV], time.monotonic(), EXIT_S)
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("quickstart")
-    before = _run_processes()
-    proc = _quickstart(tmp, tmp / "run", MODEL="tiny")
-    return {"tmp": tmp, "proc": proc, "run": tmp / "run", "before": before}
+    proc, left = _quickstart(tmp, tmp / "run", "tiny", MODEL="tiny")
+    return {"tmp": tmp, "proc": proc, "run": tmp / "run", "left": left}
 
 
 def test_the_quickstart_trains_checkpoints_evaluates_and_prints_the_table(tiny_run):
@@ -52,8 +54,7 @@ def test_the_quickstart_trains_checkpoints_evaluates_and_prints_the_table(tiny_r
 
 
 def test_the_quickstart_leaves_no_process_behind(tiny_run):
-    time.sleep(2)
-    assert _run_processes() - tiny_run["before"] == set()
+    assert tiny_run["left"] == []
 
 
 def test_a_failure_inside_a_ray_worker_ends_with_its_cause_and_fix(tiny_run):
@@ -62,22 +63,17 @@ def test_a_failure_inside_a_ray_worker_ends_with_its_cause_and_fix(tiny_run):
     shutil.copytree(tmp / "models/tiny-qwen3", broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a copy cut short
-    before = _run_processes()
-    proc = _quickstart(tmp, tmp / "broken-run", MODEL=str(broken), EVAL="0")
+    proc, left = _quickstart(tmp, tmp / "broken-run", "broken", MODEL=str(broken), EVAL="0")
     assert proc.returncode != 0
     assert "quickstart: FAILED: training stopped:" in proc.stderr, proc.stderr[-3000:]
     assert "fix: the model's files could not be read" in proc.stderr, proc.stderr[-3000:]
     assert f"full log: {tmp}/broken-run/train.log" in proc.stderr
-    time.sleep(2)
-    assert _run_processes() - before == set()
+    assert left == []
 
 
 def test_ctrl_c_stops_the_run_and_leaves_no_process_behind(tiny_run):
     tmp = tiny_run["tmp"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DATA")}
-    env.update(OPENRLHF_REPLAY_MODEL_CACHE=str(tmp / "models"), RUN_DIR=str(tmp / "stopped"), MODEL="tiny",
-               EVAL="0")
-    before = _run_processes()
+    env = _env(tmp, tmp / "stopped", "ctrl-c", MODEL="tiny", EVAL="0")
     # As from a terminal: the shell starts with SIGINT at its default. A shell that inherits it
     # ignored cannot trap it (this test once saw the run go on to its end after the signal, in a
     # full suite run; not reproduced alone).
@@ -88,13 +84,12 @@ def test_ctrl_c_stops_the_run_and_leaves_no_process_behind(tiny_run):
     while not (log.is_file() and "waiting for 1 vLLM engine" in log.read_text()):  # Ray and its actors are up
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-3000:]
         time.sleep(0.5)
-    assert _run_processes() - before  # the run is under way
+    assert any("raylet" in line for line in tagged_processes(env[TAG_ENV]))  # the run's Ray is up
     proc.send_signal(signal.SIGINT)
     status, output = proc.wait(timeout=60), proc.stdout.read()
     assert status == 130 and "interrupted" in output, (
         f"exit {status}; SIGINT in this process: {signal.getsignal(signal.SIGINT)}; output:\n{output[-3000:]}")
-    time.sleep(2)
-    assert _run_processes() - before == set()
+    assert left_after(env[TAG_ENV], time.monotonic(), EXIT_S) == []
 
 
 def test_help_lists_the_settings_and_arguments_are_refused():
