@@ -232,6 +232,7 @@ def _worker_main(fd: int, parent_pid: int) -> None:
         except (EOFError, OSError):
             return  # the pool went away
         task_id, response, gold = task
+        conn.send(("took", task_id, None))  # from here on, a death is this sample's doing
         try:
             graded = grade_detailed(response, gold)
             reply = (task_id, graded.verdict.value, graded.extracted)
@@ -290,6 +291,8 @@ class _Worker:
         self.started = time.monotonic()
         self.ready = False
         self.task: _Task | None = None
+        self.took = False
+        """Whether the worker has read `task`: if it dies before, the task goes to another."""
         self.deadline = math.inf
         self.error = ""
 
@@ -333,10 +336,11 @@ class Grader:
     a worker takes it (start-up and queueing do not count), then TIMEOUT; its worker is killed
     and replaced. `submit(..., deadline=)` also bounds the wait in the queue (what `grade()`
     uses). A worker that dies mid-sample (segfault, OOM kill) gives that sample TIMEOUT and is
-    replaced. An unparseable gold raises ValueError from the sample's future. If workers cannot
-    start (`MAX_FAILED_STARTS` in a row), every queued and later sample fails with
-    GraderStartupError. A Grader belongs to the process that made it: after a fork, make a new
-    one (`grade()` and `shared_grader()` do). Counters: `n_timeouts`, `n_crashes`.
+    replaced; one that dies before reading its sample passes the sample on to another. An
+    unparseable gold raises ValueError from the sample's future. If workers cannot start
+    (`MAX_FAILED_STARTS` in a row), every queued and later sample fails with GraderStartupError.
+    A Grader belongs to the process that made it: after a fork, make a new one (`grade()` and
+    `shared_grader()` do). Counters: `n_timeouts`, `n_crashes`.
     """
 
     STARTUP_LIMIT_S = 120.0
@@ -428,9 +432,10 @@ class Grader:
         """The verdict for each (response, gold) pair, in input order."""
         return [g.verdict for g in self.grade_many_detailed(pairs)]
 
-    def worker_pids(self) -> list[int]:
-        """Process ids of the current workers (ready or starting)."""
-        return [w.proc.pid for w in list(self._workers)]
+    def worker_pids(self, grading: bool = False) -> list[int]:
+        """Process ids of the current workers (ready or starting); with `grading`, only of those
+        that have read a sample and are grading it."""
+        return [w.proc.pid for w in list(self._workers) if not grading or (w.task and w.took)]
 
     def close(self) -> None:
         """Stop the workers; samples still queued or in flight fail with RuntimeError."""
@@ -540,12 +545,19 @@ class Grader:
                 _, task = self._pending.popitem(last=False)
             try:
                 w.conn.send((task.id, task.response, task.gold))
-            except OSError:  # the worker just died: requeue; _service replaces it
-                with self._lock:
-                    self._pending[task.id] = task
-                    self._pending.move_to_end(task.id, last=False)
+            except OSError:  # the worker just died: _service replaces it
+                self._requeue(task)
                 continue
-            w.task, w.deadline = task, min(time.monotonic() + task.limit_s, task.deadline)
+            w.task, w.took = task, False
+            w.deadline = min(time.monotonic() + task.limit_s, task.deadline)
+
+    def _requeue(self, task: _Task) -> None:
+        """Put a task no worker has read back at the head of the queue, under its deadline."""
+        with self._lock:
+            self._pending[task.id] = task
+            self._pending.move_to_end(task.id, last=False)
+            if task.deadline < math.inf:
+                heapq.heappush(self._deadlines, (task.deadline, task.id))
 
     def _wait_s(self) -> float | None:
         """Seconds until the nearest task deadline or start-up limit; None if there is none."""
@@ -565,6 +577,8 @@ class Grader:
                 return self._exited(w)
             if kind == "ready":
                 w.ready = True
+            elif kind == "took":
+                w.took = w.task is not None and value == w.task.id
             elif kind == "failed":
                 w.error = extra
                 return "failed_start"
@@ -595,6 +609,9 @@ class Grader:
         if not w.ready:
             w.error = f"worker exited (code {code}) before it was ready{w.stderr_tail()}"
             return "failed_start"
+        if w.task and not w.took:  # killed before it read the task: not the sample's doing
+            self._requeue(w.task)
+            w.task = None
         if w.task:
             self.n_crashes += 1
             logger.warning("grader worker died (exit code %s) mid-sample: verdict TIMEOUT", code)

@@ -25,6 +25,7 @@ pytest.importorskip("math_verify")
 
 from evaluation import grader  # noqa: E402
 from evaluation.grader import Verdict, grade, shared_grader  # noqa: E402
+from grader_pool import grading_pids  # noqa: E402
 
 C, I, U, T = Verdict.CORRECT, Verdict.INCORRECT, Verdict.UNPARSEABLE, Verdict.TIMEOUT
 REPO = Path(__file__).resolve().parents[2]
@@ -145,8 +146,8 @@ def test_pool_survives_its_worker_being_sigkilled():
     thread = threading.Thread(target=lambda: box.update(
         result=timed_grade(PATHOLOGICAL["huge_factorial"], "1", timeout_s=ROOMY_S)), daemon=True)
     thread.start()
-    time.sleep(1.0)  # the sample is in a worker by now
-    for pid in pool.worker_pids():
+    grading_pids(pool)  # the sample is in a worker
+    for pid in pool.worker_pids():  # the idle one too: its next sample must not be lost
         os.kill(pid, signal.SIGKILL)
     thread.join(ROOMY_S + SLACK_S)
     verdict, seconds = box["result"]

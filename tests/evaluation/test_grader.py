@@ -17,6 +17,7 @@ from evaluation.benchmarks import extract_boxed  # noqa: E402
 from evaluation import grader as grader_module  # noqa: E402
 from evaluation.grader import (Grader, GraderStartupError, Verdict,  # noqa: E402
                                grade_detailed)
+from grader_pool import grading_pids  # noqa: E402
 
 C, I, U, T = Verdict.CORRECT, Verdict.INCORRECT, Verdict.UNPARSEABLE, Verdict.TIMEOUT
 
@@ -206,11 +207,28 @@ def test_worker_crash_gives_timeout_and_pool_recovers():
         assert grader.grade_many([(r"\boxed{1}", "1")]) == [C]  # the worker is up
         [pid] = grader.worker_pids()
         future = grader.submit(r"\boxed{(10^{9})!}", "1")  # busy for far longer than the test
-        time.sleep(0.5)
+        assert grading_pids(grader) == [pid]
         os.kill(pid, signal.SIGKILL)  # simulate a segfault / OOM kill mid-sample
         assert future.result(timeout=30).verdict is T
         assert grader.n_crashes == 1 and grader.n_timeouts == 0
         assert grader.grade_many([(r"\boxed{2}", "2"), (r"\boxed{2}", "3")]) == [C, I]
+
+
+def test_a_sample_handed_to_a_worker_that_dies_before_reading_it_goes_to_the_next():
+    # What a loaded machine showed (CI): a worker killed while idle, handed a sample before the
+    # pool saw its socket close. It never read the sample, so the sample is not what killed it:
+    # the next worker grades it (the old pool gave it TIMEOUT and counted a crash).
+    with Grader(workers=1, timeout_s=60.0) as grader:
+        assert grader.grade_many([(r"\boxed{1}", "1")]) == [C]  # the worker is up
+        [pid] = grader.worker_pids()
+        os.kill(pid, signal.SIGSTOP)  # alive but not reading: the sample waits in its socket
+        future = grader.submit(r"\boxed{2}", "2")
+        time.sleep(0.5)  # the pool hands it over as soon as it wakes, in milliseconds
+        assert grader.worker_pids(grading=True) == []  # sent, not read
+        os.kill(pid, signal.SIGKILL)
+        assert future.result(timeout=60).verdict is C
+        assert grader.n_crashes == 0 and grader.n_timeouts == 0
+        assert grader.worker_pids() != [pid]
 
 
 def test_per_sample_limit_and_deadline():
