@@ -404,22 +404,33 @@ def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
     warm_s = time.perf_counter() - t0
     pool = split.pool(a.pool_size)
     data = write_prompt_file(a.out_dir / "data" / "train.jsonl", pool)
-    base = evaluate_heldout(model, split.heldout, max_new_tokens=a.max_new_tokens)
-    t1 = time.perf_counter()
-    rates = success_rates(model, pool, n=a.group_size, temperature=1.0, max_new_tokens=a.max_new_tokens)
-    hist = rate_histogram(pool, rates, a.group_size)
-    history = json.loads((model / "warm_start.json").read_text())["history"]
-    report = {"model": str(model), "supervised_steps": history[-1]["step"], "heldout_acc": base.accuracy,
-              "heldout_by_band": base.by_band, "mean_response_tokens": base.mean_response_tokens,
-              "pool_size": len(pool), "samples_per_prompt": a.group_size, "success_rate_histogram": hist,
-              "share_all_wrong": hist["all"][0] / len(pool), "share_all_right": hist["all"][-1] / len(pool),
-              "share_mixed": 1 - (hist["all"][0] + hist["all"][-1]) / len(pool),
-              "seconds": {"warm_start_this_call": warm_s, "spread": time.perf_counter() - t1}}
-    (a.out_dir / "warm_start.json").write_text(json.dumps(report, indent=1))
-    a._step0_eval = {"accuracy": base.accuracy, "response_tokens": base.mean_response_tokens,
-                     "by_band": base.by_band}
+    report_path = a.out_dir / "warm_start.json"
+    settings = {"model": str(model), "pool_size": len(pool), "samples_per_prompt": a.group_size,
+                "max_new_tokens": a.max_new_tokens}
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError):
+        report = {}
+    if all(report.get(k) == v for k, v in settings.items()):
+        log(f"warm start: its evaluation read from {report_path} (same model and settings)")
+    else:
+        base = evaluate_heldout(model, split.heldout, max_new_tokens=a.max_new_tokens)
+        t1 = time.perf_counter()
+        rates = success_rates(model, pool, n=a.group_size, temperature=1.0, max_new_tokens=a.max_new_tokens)
+        hist = rate_histogram(pool, rates, a.group_size)
+        history = json.loads((model / "warm_start.json").read_text())["history"]
+        report = {**settings, "supervised_steps": history[-1]["step"], "heldout_acc": base.accuracy,
+                  "heldout_by_band": base.by_band, "mean_response_tokens": base.mean_response_tokens,
+                  "success_rate_histogram": hist, "share_all_wrong": hist["all"][0] / len(pool),
+                  "share_all_right": hist["all"][-1] / len(pool),
+                  "share_mixed": 1 - (hist["all"][0] + hist["all"][-1]) / len(pool),
+                  "seconds": {"warm_start_this_call": warm_s, "spread": time.perf_counter() - t1}}
+        report_path.write_text(json.dumps(report, indent=1))  # a torn one is measured again
+    a._step0_eval = {"accuracy": report["heldout_acc"], "response_tokens": report["mean_response_tokens"],
+                     "by_band": report["heldout_by_band"]}
     log(f"warm start ready ({warm_s:.0f} s, {report['supervised_steps']} supervised steps): held-out acc "
-        f"{base.accuracy:.3f} ({', '.join(f'{b} {v:.2f}' for b, v in base.by_band.items())}); pool of {len(pool)}: "
+        f"{report['heldout_acc']:.3f} ({', '.join(f'{b} {v:.2f}' for b, v in report['heldout_by_band'].items())}); "
+        f"pool of {len(pool)}: "
         f"{report['share_all_wrong']:.0%} all wrong, {report['share_all_right']:.0%} all right, "
         f"{report['share_mixed']:.0%} mixed in {a.group_size} samples")
     return model, data, split.heldout, report

@@ -353,4 +353,5 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     again = subprocess.run([sys.executable, str(ROOT / "benchmarks/sample_efficiency.py"), "--quick",
                             "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "in one session" not in again.stdout
+    assert "warm start: its evaluation read from" in again.stdout  # not measured again either
     assert (out / "session.log").read_text() == session_log
