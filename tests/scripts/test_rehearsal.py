@@ -5,8 +5,10 @@ The GPU-shaped checks a launch cannot make before a GPU run: no crash at any sha
 batch at an episode's end, a replay split that leaves ranks unequal), every rank taking the same
 optimizer steps, every condition replaying what its configuration says and warming its LR up
 over the same rollout steps. Data: a subset of the scripts' real prompt file whose size is not a
-multiple of the batch (1,200 = 9 x 128 + 48), with checkpoints every 10 steps so the rehearsal's
-resume falls inside the run; and the real file (7,474 = 58 x 128 + 50) for the method's script.
+multiple of the batch (560 = 4 x 128 + 48), walked over the scripts' 4 episodes with the replay
+warm-up shortened from 20 steps to 6 and checkpoints every 5 steps, so that replay, prompts coming
+back in later episodes and the rehearsal's resume all fall inside 16 steps; and the real file
+(7,474 = 58 x 128 + 50) for the method's script, at its own settings.
 """
 import json
 import os
@@ -24,8 +26,9 @@ SCRIPTS = ROOT / "examples/scripts"
 DATA = ROOT.parent / "shared/data/train/deepscaler_math_train.json"
 TRAINING = ["train_grpo", "train_grpo_replay", "train_grpo_naive_replay", "train_grpo_uniform_replay",
             "train_grpo_freshness_replay", "train_grpo_success_replay"]
-SUBSET_PROMPTS, BATCH, EPISODES = 1200, 128, 4
+SUBSET_PROMPTS, BATCH, EPISODES, WARMUP, SAVE_STEPS = 560, 128, 4, 6, 5
 STEPS_PER_EPISODE = SUBSET_PROMPTS // BATCH  # the 48 left over are not trained on (whole batches only)
+STEPS = STEPS_PER_EPISODE * EPISODES
 
 
 def _rehearse(script: str, data: Path, tmp: Path, **env) -> tuple[dict, str]:
@@ -45,7 +48,8 @@ def subset_runs(tmp_path_factory):
     subset = tmp / "subset.json"
     subset.write_text(json.dumps(json.loads(DATA.read_text())[:SUBSET_PROMPTS]))
     with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: two rehearsals at a time
-        runs = pool.map(lambda s: _rehearse(s, subset, tmp, REHEARSE="all", SAVE_STEPS="10"), TRAINING)
+        runs = pool.map(lambda s: _rehearse(s, subset, tmp, REHEARSE="all", SAVE_STEPS=str(SAVE_STEPS),
+                                            REPLAY_WARMUP=str(WARMUP)), TRAINING)
         return dict(zip(TRAINING, runs))
 
 
@@ -53,7 +57,7 @@ def subset_runs(tmp_path_factory):
 def test_every_shape_runs_every_step_with_balanced_ranks(subset_runs, script):
     report, log = subset_runs[script]
     assert report["crash"] is None, log[-3000:]
-    assert report["steps_expected"] == report["steps_completed"] == STEPS_PER_EPISODE * EPISODES
+    assert report["steps_expected"] == report["steps_completed"] == STEPS
     assert report["steps_per_episode"] == [STEPS_PER_EPISODE] * EPISODES
     shapes = report["shapes"]
     assert len(shapes) == 1 + 18  # the script's own, then 3 scales x 6 GPU counts
@@ -68,12 +72,12 @@ def test_every_shape_runs_every_step_with_balanced_ranks(subset_runs, script):
         # The same rollouts at every shape: the same optimizer steps, none cut short or carried over.
         assert shape["optimizer_steps_per_rank"][0] == total
         assert set(shape["rows_dropped_per_rank"]) == {0} and set(shape["micro_batches_carried_at_end"]) == {0}
-    # A resume of the whole controller from the first checkpoint after the replay warm-up (20).
-    assert report["checkpoints"] == [10, 20, 30] and report["resumed_at"] == (30 if script != "train_grpo" else 10)
+    # A resume of the whole controller from the first checkpoint after the replay warm-up (6).
+    assert report["checkpoints"] == [5, 10, 15] and report["resumed_at"] == (10 if script != "train_grpo" else 5)
 
 
 def test_every_condition_replays_what_its_configuration_says(subset_runs):
-    after = STEPS_PER_EPISODE * EPISODES - 20  # steps 21..36: replay starts after 20 warm-up steps
+    after = STEPS - WARMUP  # steps 7..16: replay starts after the warm-up steps
     for script in ("train_grpo_replay", "train_grpo_uniform_replay", "train_grpo_freshness_replay",
                    "train_grpo_naive_replay"):
         replayed = subset_runs[script][0]["replayed_per_step"]
@@ -85,21 +89,22 @@ def test_every_condition_replays_what_its_configuration_says(subset_runs):
     # back (every step here is past the first epoch) and have 256 successes stored between them.
     replayed = success["replayed_per_step"]
     assert replayed["max"] == 256 and replayed["steps_with_replay"] >= after - 2, replayed
-    assert "256 replayed successes + 1024 fresh rollouts per step after step 20" in log  # the launch says so
+    assert f"256 replayed successes + 1024 fresh rollouts per step after step {WARMUP}" in log  # the launch says so
     assert success["replay_age"]["max"] >= STEPS_PER_EPISODE  # successes outlive an epoch: no age limit
 
 
 def test_every_condition_warms_up_over_the_same_rollout_steps(subset_runs):
     reports = {script: run[0] for script, run in subset_runs.items()}
     base = reports["train_grpo"]
-    # 1,152 prompts x 8 / 256 x 4 episodes = 144 optimizer steps; 3% of them = 5 = 2 rollout steps
-    assert (base["lr_schedule_optimizer_steps"], base["lr_warmup_optimizer_steps"]) == (144, 5)
+    # 512 prompts x 8 / 256 x 4 episodes = 64 optimizer steps (replay's are not counted: counted,
+    # they would make it 84); 3% of them = 2 = the first rollout step's 4
+    assert (base["lr_schedule_optimizer_steps"], base["lr_warmup_optimizer_steps"]) == (64, 2)
     for script, report in reports.items():
-        assert report["lr_warmup_rollout_steps"] == base["lr_warmup_rollout_steps"] == 2, script
-        assert report["lr_schedule_optimizer_steps"] == 144, script
+        assert report["lr_warmup_rollout_steps"] == base["lr_warmup_rollout_steps"] == 1, script
+        assert report["lr_schedule_optimizer_steps"] == 64, script
         lr = report["lr_after_warmup"]
         assert lr["min"] == lr["max"] == 1e-6, script  # constant after the warm-up (docs/METHOD.md)
-    assert reports["train_grpo_replay"]["optimizer_steps_taken"] == 144 + 16 * 2  # replay's two batches a step
+    assert reports["train_grpo_replay"]["optimizer_steps_taken"] == 64 + 10 * 2  # replay's two batches a step
 
 
 def test_the_real_dataset_is_cut_to_whole_batches_and_walked_through(tmp_path):
