@@ -82,11 +82,13 @@ def test_image_pins_match_the_requirements():
 
 # -------------------------------------------------------------------- dry runs
 
-# (script, environment): every script at the default 1.7B / 8 GPUs. Other GPU counts and scales are
-# validated by the rehearsal (tests/scripts/test_rehearsal.py: every training script at 1-32 GPUs
-# and three scales, through the same checks); the flags a script builds for them are checked below
-# with a stand-in python (test_gpu_count_and_model_scale_shape_the_command).
-DRY_RUNS = [(s, {}) for s in TRAINING] + [
+# (script, environment): the baseline and the method at the default 1.7B / 8 GPUs, each importing
+# the real launcher stack (~10 s of CPU). The other replay scripts differ only in --replay flags,
+# and every training script's command is validated through the same checks by the rehearsal
+# (tests/scripts/test_rehearsal.py: at 1-32 GPUs and three scales); the commands the scripts build
+# are checked with a stand-in python below (test_every_condition_shares_the_baseline_settings,
+# test_gpu_count_and_model_scale_shape_the_command).
+DRY_RUNS = [("train_grpo", {}), ("train_grpo_replay", {})] + [
     ("eval", {}),
     ("eval", {"CONDITION": "grpo_replay"}),
     ("eval", {"CONDITION": "grpo_replay", "SWEEP": 1}),
