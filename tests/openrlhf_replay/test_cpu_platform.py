@@ -274,7 +274,13 @@ def test_prepare_data_names_the_fix(tmp_path):
 
 
 def test_without_a_local_file_the_hub_is_tried_and_its_failure_named(tmp_path, monkeypatch):
+    import datasets
+
+    # Offline at once: `datasets` reads these variables when it is imported, which in a suite run
+    # may have happened earlier in this process; unset, the hub is retried for 23 s here.
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(QuickstartError, match="openai/gsm8k.*DATA="):
         prepare_data(HUB, tmp_path / "out.jsonl", 4)
