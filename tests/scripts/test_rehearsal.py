@@ -97,7 +97,7 @@ def test_every_condition_warms_up_over_the_same_rollout_steps(subset_runs):
     reports = {script: run[0] for script, run in subset_runs.items()}
     base = reports["train_grpo"]
     # 512 prompts x 8 / 256 x 4 episodes = 64 optimizer steps (replay's are not counted: counted,
-    # they would make it 84); 3% of them = 2 = the first rollout step's 4
+    # they would make it 84); 3% of them, rounded up, = 2: inside the first rollout step (4 each)
     assert (base["lr_schedule_optimizer_steps"], base["lr_warmup_optimizer_steps"]) == (64, 2)
     for script, report in reports.items():
         assert report["lr_warmup_rollout_steps"] == base["lr_warmup_rollout_steps"] == 1, script
