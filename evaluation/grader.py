@@ -611,12 +611,11 @@ class Grader:
             return "failed_start"
         if w.task and not w.took:  # killed before it read the task: not the sample's doing
             self._requeue(w.task)
-            w.task = None
-        if w.task:
+        elif w.task:
             self.n_crashes += 1
             logger.warning("grader worker died (exit code %s) mid-sample: verdict TIMEOUT", code)
             w.task.future.set_result(Graded(Verdict.TIMEOUT, None))
-            w.task = None
+        w.task = None
         return "replace"
 
 

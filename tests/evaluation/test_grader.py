@@ -223,8 +223,11 @@ def test_a_sample_handed_to_a_worker_that_dies_before_reading_it_goes_to_the_nex
         [pid] = grader.worker_pids()
         os.kill(pid, signal.SIGSTOP)  # alive but not reading: the sample waits in its socket
         future = grader.submit(r"\boxed{2}", "2")
-        time.sleep(0.5)  # the pool hands it over as soon as it wakes, in milliseconds
-        assert grader.worker_pids(grading=True) == []  # sent, not read
+        deadline = time.monotonic() + 30
+        while grader._pending:  # until the pool has handed it over (no public view of this)
+            assert time.monotonic() < deadline, "the pool never handed the sample to its worker"
+            time.sleep(0.01)
+        assert grader.worker_pids(grading=True) == []  # handed over, not read
         os.kill(pid, signal.SIGKILL)
         assert future.result(timeout=60).verdict is C
         assert grader.n_crashes == 0 and grader.n_timeouts == 0
