@@ -8,7 +8,7 @@ over the same rollout steps. Data: a subset of the scripts' real prompt file who
 multiple of the batch (560 = 4 x 128 + 48), walked over the scripts' 4 episodes with the replay
 warm-up shortened from 20 steps to 6 and checkpoints every 5 steps, so that replay, prompts coming
 back in later episodes and the rehearsal's resume all fall inside 16 steps; and the real file
-(7,474 = 58 x 128 + 50) for the method's script, at its own settings.
+(7,474 = 58 x 128 + 50) for one episode of the method's script, its other settings as shipped.
 """
 import json
 import os
