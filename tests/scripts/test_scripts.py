@@ -250,16 +250,20 @@ def test_every_condition_shares_the_baseline_settings(stub):
                      "train_grpo_success_replay": ["success"]}
 
 
-@pytest.mark.parametrize("script, env, shape", [
-    # shape: nodes, GPUs per node, vLLM engines, train and rollout micro-batch (by model scale,
-    # capped at each GPU's share of the 256-row train batch and the 1,024 rollouts)
+# (script, environment, shape): shape is nodes, GPUs per node, vLLM engines, and the train and
+# rollout micro-batches (by model scale, capped at each GPU's share of the 256-row train batch and
+# of the 1,024 rollouts).
+SHAPES = [
     ("train_grpo", {"NUM_GPUS": 4}, (1, 4, 4, 4, 8)),
     ("train_grpo_replay", {"NUM_GPUS": 4}, (1, 4, 4, 4, 8)),
     ("train_grpo_replay", {"NUM_NODES": 2, "NUM_GPUS": 8}, (2, 8, 16, 4, 8)),
     ("train_grpo_replay", {"MODEL": "Qwen/Qwen3-0.6B-Base", "NUM_GPUS": 2}, (1, 2, 2, 8, 16)),
     ("train_grpo_replay", {"MODEL": "Qwen/Qwen3-4B-Base"}, (1, 8, 8, 2, 4)),
     ("train_grpo_replay", {"MODEL": "Qwen/Qwen3-0.6B-Base", "NUM_NODES": 4, "NUM_GPUS": 8}, (4, 8, 32, 8, 16)),
-], ids=lambda v: _case_id(("", v)) if isinstance(v, dict) else None)
+]
+
+
+@pytest.mark.parametrize("script, env, shape", SHAPES, ids=[_case_id((s, e)) for s, e, _ in SHAPES])
 def test_gpu_count_and_model_scale_shape_the_command(stub, script, env, shape):
     proc = _run(script, stub(DRY_RUN=1, **env))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
