@@ -58,17 +58,21 @@ import se_analysis  # noqa: E402
 from se_task import (PROMPT_TEMPLATE, TaskConfig, WarmStartConfig, evaluate_heldout,  # noqa: E402
                      rate_histogram, split_problems, success_rates, warm_start, write_prompt_file)
 
-CONDITIONS = ("none", "none_2epochs", "uniform", "advantage", "advantage_alpha1", "advantage_tau2",
+CONDITIONS = ("none", "none_half_lr", "none_2epochs", "uniform", "advantage", "advantage_alpha1", "advantage_tau2",
               "advantage_tau40", "naive", "freshness", "success")
-HEADLINE = ("none", "uniform", "advantage")
-"""Conditions that get `--seeds` seeds (the paired comparisons rest on them); the others get
-`--ablation-seeds`."""
+HEADLINE = ("none", "none_half_lr", "uniform", "advantage")
+"""Conditions that get `--seeds` seeds (the paired comparisons and the positive control rest on
+them); the others get `--ablation-seeds`."""
 FIRST_EDITION = ("none", "naive", "uniform", "advantage", "freshness", "none_2epochs")
 # The more-updates control: GRPO training each fresh batch twice, 4 optimizer steps per step where
 # the replay conditions take 3 (2 fresh + 1 replayed) and GRPO 2. If replay beats it too, the gain
 # is not only from taking more gradient steps per generated rollout.
 EPOCHS = {"none_2epochs": 2}
-# Settings that depend on the task: the first edition's values for add2, so that it reruns as
+# The positive control (se_analysis.POSITIVE_CONTROL): GRPO at half its learning rate, whose
+# difference from GRPO is known in sign, so the sweep shows whether the lab can see an effect.
+LR_SCALE = {"none_half_lr": 0.5}
+ROLLOUT_TEMPERATURE = 1.0
+"""Rollouts are sampled at this temperature; the primary held-out metric samples at it too."""# Settings that depend on the task: the first edition's values for add2, so that it reruns as
 # published (48 steps, no prompt returns, 200 held-out, warm start to 0.3 checked every 10 steps).
 TASK_DEFAULTS = {
     "mixed": {"steps": 50, "pool_steps": 10, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.4,
@@ -114,7 +118,7 @@ class Args:
     train_batch: int = 64
     """Rollouts per optimizer step (`--train.batch_size`)."""
     lr: float = 1e-4
-    """Actor learning rate (constant after a 3% warm-up, as common.sh)."""
+    """Actor learning rate (constant after a 3% warm-up, as common.sh); none_half_lr takes half."""
     max_new_tokens: int = 16
     """Response limit: an answer is `\\boxed{NNNN}` and the end token, at most ~10 tokens."""
     eval_every: int | None = None
@@ -134,6 +138,9 @@ class Args:
     success_per_prompt: int = 2
     """success (RLEP): replayed successes per fresh prompt, 2 x 16 prompts rounded to one batch of
     64: as many replayed rollouts as ratio 0.5 gives the other modes."""
+    eval_samples: int = 8
+    """Answers sampled per held-out problem at the rollout temperature: the primary metric is their
+    mean (avg@k). Seeded per problem, the same for every condition (se_task.evaluate_heldout)."""
     heldout_size: int | None = None
     """Held-out problems, an equal share per band, never trained on (default 500; add2: 200)."""
     target_accuracy: float | None = None
@@ -234,6 +241,7 @@ def condition_flags(cond: str, a: Args) -> list[str]:
 
     return {
         "none": ["--replay.mode", "none"],
+        "none_half_lr": ["--replay.mode", "none"],
         "none_2epochs": ["--replay.mode", "none"],
         "uniform": ["--replay.mode", "uniform", "--replay.max_age", str(a.replay_max_age), *shared],
         "advantage": advantage(0.5, a.replay_max_age),
@@ -262,13 +270,13 @@ def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_di
         "--reward.remote_url", str(REPO / "evaluation/reward.py"),
         "--algo.advantage.estimator", "group_norm",
         "--rollout.n_samples_per_prompt", str(a.group_size), "--rollout.batch_size", str(a.prompts_per_step),
-        "--rollout.micro_batch_size", "64", "--rollout.temperature", "1.0", "--rollout.top_p", "1.0",
+        "--rollout.micro_batch_size", "64", "--rollout.temperature", str(ROLLOUT_TEMPERATURE), "--rollout.top_p", "1.0",
         "--train.batch_size", str(a.train_batch), "--train.micro_batch_size", str(a.train_batch),
         "--train.max_epochs", str(EPOCHS.get(cond, 1)), "--train.num_episodes", str(a.steps // a.pool_steps),
         "--train.seed", str(seed),
         "--actor.policy_loss_type", "ppo", "--actor.eps_clip_low_high", "0.2", "0.28",
         "--actor.dual_clip", "10", "--actor.loss_agg_mode", "token-mean",
-        "--actor.adam.lr", str(a.lr), "--actor.adam.weight_decay", "0.01", "--actor.max_norm", "1.0",
+        "--actor.adam.lr", str(a.lr * LR_SCALE.get(cond, 1.0)), "--actor.adam.weight_decay", "0.01", "--actor.max_norm", "1.0",
         "--actor.lr_scheduler", "constant_with_warmup", "--actor.lr_warmup_ratio", "0.03",
         "--algo.kl.init_coef", "0",
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--train.colocate_all",
@@ -366,9 +374,7 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
     evals = [{"step": 0, **a.__dict__["_step0_eval"]}]
     for step in range(a.eval_every, a.steps + 1, a.eval_every):
         ckpt = run_dir / "ckpt" / f"global_step{step}_hf"
-        result = evaluate_heldout(ckpt, heldout, max_new_tokens=a.max_new_tokens)
-        evals.append({"step": step, "accuracy": result.accuracy, "response_tokens": result.mean_response_tokens,
-                      "by_band": result.by_band})
+        evals.append({"step": step, **eval_record(evaluate_heldout(ckpt, heldout, **eval_settings(a)))})
         shutil.rmtree(ckpt)  # graded; the weights are not needed again (the final model stays in model/)
     wall_s = trained["wall_s"]
     record = {"condition": cond, "seed": seed, "rollouts_per_step": a.rollouts_per_step,
@@ -381,8 +387,19 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
     (run_dir / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     replayed = sum(s["replayed_rollouts"] for s in record["steps"])
     log(f"{run_dir.name}: trained in {wall_s:.0f} s (+{record['eval_s']:.0f} s eval), {replayed:.0f} replayed; "
-        "held-out acc " + " ".join(f"{e['accuracy']:.2f}" for e in evals))
+        f"held-out avg@{a.eval_samples} " + " ".join(f"{e['accuracy']:.2f}" for e in evals))
     return record
+
+
+def eval_settings(a: Args) -> dict:
+    return {"samples": a.eval_samples, "temperature": ROLLOUT_TEMPERATURE, "max_new_tokens": a.max_new_tokens}
+
+
+def eval_record(result) -> dict:
+    """The fields of one held-out evaluation that a run record keeps (se_analysis's docstring)."""
+    return {"accuracy": result.accuracy, "accuracy_greedy": result.accuracy_greedy,
+            "response_tokens": result.mean_response_tokens, "by_band": result.by_band,
+            "by_band_greedy": result.by_band_greedy}
 
 
 def _quote(word: str) -> str:
@@ -406,7 +423,7 @@ def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
     data = write_prompt_file(a.out_dir / "data" / "train.jsonl", pool)
     report_path = a.out_dir / "warm_start.json"
     settings = {"model": str(model), "pool_size": len(pool), "samples_per_prompt": a.group_size,
-                "max_new_tokens": a.max_new_tokens}
+                "max_new_tokens": a.max_new_tokens, "eval": eval_settings(a)}
     try:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError):
@@ -414,22 +431,22 @@ def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
     if all(report.get(k) == v for k, v in settings.items()):
         log(f"warm start: its evaluation read from {report_path} (same model and settings)")
     else:
-        base = evaluate_heldout(model, split.heldout, max_new_tokens=a.max_new_tokens)
+        base = eval_record(evaluate_heldout(model, split.heldout, **eval_settings(a)))
         t1 = time.perf_counter()
         rates = success_rates(model, pool, n=a.group_size, temperature=1.0, max_new_tokens=a.max_new_tokens)
         hist = rate_histogram(pool, rates, a.group_size)
         history = json.loads((model / "warm_start.json").read_text())["history"]
-        report = {**settings, "supervised_steps": history[-1]["step"], "heldout_acc": base.accuracy,
-                  "heldout_by_band": base.by_band, "mean_response_tokens": base.mean_response_tokens,
+        report = {**settings, "supervised_steps": history[-1]["step"], "heldout": base,
                   "success_rate_histogram": hist, "share_all_wrong": hist["all"][0] / len(pool),
                   "share_all_right": hist["all"][-1] / len(pool),
                   "share_mixed": 1 - (hist["all"][0] + hist["all"][-1]) / len(pool),
                   "seconds": {"warm_start_this_call": warm_s, "spread": time.perf_counter() - t1}}
         report_path.write_text(json.dumps(report, indent=1))  # a torn one is measured again
-    a._step0_eval = {"accuracy": report["heldout_acc"], "response_tokens": report["mean_response_tokens"],
-                     "by_band": report["heldout_by_band"]}
-    log(f"warm start ready ({warm_s:.0f} s, {report['supervised_steps']} supervised steps): held-out acc "
-        f"{report['heldout_acc']:.3f} ({', '.join(f'{b} {v:.2f}' for b, v in report['heldout_by_band'].items())}); "
+    a._step0_eval = report["heldout"]
+    base = report["heldout"]
+    log(f"warm start ready ({warm_s:.0f} s, {report['supervised_steps']} supervised steps): held-out "
+        f"avg@{a.eval_samples} {base['accuracy']:.3f} ({', '.join(f'{b} {v:.2f}' for b, v in base['by_band'].items())}), "
+        f"greedy {base['accuracy_greedy']:.3f}; "
         f"pool of {len(pool)}: "
         f"{report['share_all_wrong']:.0%} all wrong, {report['share_all_right']:.0%} all right, "
         f"{report['share_mixed']:.0%} mixed in {a.group_size} samples")
@@ -440,8 +457,8 @@ def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
 
 REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
-COLOURS = {"none": "black", "none_2epochs": "tab:grey", "uniform": "tab:blue", "advantage": "tab:red",
-           "advantage_alpha1": "tab:purple", "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown",
+COLOURS = {"none": "black", "none_half_lr": "tab:cyan", "none_2epochs": "tab:grey", "uniform": "tab:blue",
+           "advantage": "tab:red", "advantage_alpha1": "tab:purple", "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown",
            "naive": "tab:orange", "freshness": "tab:green", "success": "tab:olive"}
 MAIN_PLOT = ("none", "none_2epochs", "uniform", "advantage")
 
@@ -470,7 +487,7 @@ def plot(runs: list[dict], summary: dict, path: Path, conditions, iqr: bool = Tr
                     ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.15)
     for col, (_, label) in enumerate(AXES):
         axes[1, col].set_xlabel(label)
-    axes[0, 0].set_ylabel("held-out accuracy (greedy)")
+    axes[0, 0].set_ylabel(f"held-out {summary['primary_metric']['name']}")
     axes[1, 0].set_ylabel(f"training reward (fresh rollouts, mean of last {REWARD_WINDOW} steps)")
     axes[0, 0].axhline(summary["match_threshold"], color="grey", ls=":", lw=1)
     axes[0, 0].legend(fontsize=8)
@@ -482,7 +499,7 @@ def plot(runs: list[dict], summary: dict, path: Path, conditions, iqr: bool = Tr
 
 
 def plot_bands(runs: list[dict], conditions, path: Path) -> None:
-    """Held-out accuracy per band against generated rollouts: median and IQR over seeds."""
+    """Held-out accuracy (the primary metric) per band against generated rollouts: median and IQR over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -536,6 +553,25 @@ def _fmt(x, spec=".3f", none="never"):
     return none if x is None else format(x, spec)
 
 
+def _ratio_ci(s: dict, axis: str) -> str:
+    lo, hi = s[f"{axis}_to_match_ci95"]
+    return f"{_fmt(s[f'{axis}_to_match_ratio'], '.2f')} [{_fmt(lo, '.2f')}, {_fmt(hi, '.2f')}]"
+
+
+def _power_lines(summary: dict) -> list[str]:
+    """GRPO's own gain and the positive control: can this lab see an effect at all?"""
+    g = summary["grpo_gain"]
+    lines = [f"GRPO's gain over the run (final minus step 0, paired by seed, n {g['n']}): {g['median']:+.3f} "
+             f"[{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}], p {g['p']:.3f}."]
+    c = summary["positive_control"]
+    if c is None:
+        return lines + ["Positive control: not run (its conditions are not in this sweep)."]
+    return lines + [f"Positive control {c['pair']} (its sign is known: GRPO above GRPO at half the LR), final "
+                    f"accuracy: {c['median']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], p {c['p']:.3f}, "
+                    f"{'resolved' if c['resolved'] else 'NOT resolved'} at {c['n']} seeds (MDE "
+                    f"{_fmt(c['mde'], '.3f', 'n/a')})."]
+
+
 def table(summary: dict) -> str:
     """table.md: conditions, paired differences with words, the warm start's spread."""
     conds, bands = summary["conditions"], None
@@ -544,16 +580,20 @@ def table(summary: dict) -> str:
            f"condition; measured {summary['timing']['date']} on {summary['timing']['cpu']}.", ""]
     for c, s in conds.items():
         bands = bands or list(s["final_acc_by_band"])
-    out += ["| condition | seeds | final acc (median [IQR]) | best acc | AUC | "
+    metric = summary["primary_metric"]
+    out += [f"Primary metric: {metric['name']}, answers sampled at temperature {metric['temperature']} "
+            f"({metric['samples_per_problem']} per problem, the same seeds for every condition); greedy beside it.", ""]
+    out += ["| condition | seeds | final acc (median [IQR]) | best acc | AUC | final greedy | "
             + "".join(f"final {b} | " for b in bands)
-            + "rollouts to match | compute to match | tokens trained / step | updates / step | replayed / step "
-            "| compute units (train + gen) | AES vs GRPO |",
-            "|---" * (12 + len(bands)) + "|"]
+            + "rollouts to match [95% CI] | compute to match [95% CI] | tokens trained / step | updates / step "
+            "| replayed / step | compute units (train + gen) | AES vs GRPO |",
+            "|---" * (13 + len(bands)) + "|"]
     for c, s in conds.items():
         lo, hi = s["final_acc_iqr"]
         out.append(f"| {c} | {s['seeds']} | {s['final_acc']:.3f} [{lo:.3f}, {hi:.3f}] | {s['best_acc']:.3f} | "
-                   f"{s['auc']:.3f} | " + "".join(f"{s['final_acc_by_band'][b]:.2f} | " for b in bands)
-                   + f"{_fmt(s['rollouts_to_match_ratio'], '.2f')} | {_fmt(s['compute_to_match_ratio'], '.2f')} | "
+                   f"{s['auc']:.3f} | {s['final_acc_greedy']:.3f} | "
+                   + "".join(f"{s['final_acc_by_band'][b]:.2f} | " for b in bands)
+                   + f"{_ratio_ci(s, 'rollouts')} | {_ratio_ci(s, 'compute')} | "
                    f"{s['train_tokens_per_step']:.0f} | {s['optimizer_steps_per_step']:.2f} | "
                    f"{s['replayed_per_step']:.1f} | {s['compute_units']:.0f} ({s['train_units']:.0f} + "
                    f"{s['generation_units']:.0f}) | {_fmt(s['aes_vs_grpo'], '+.3f', 'n/a')} |")
@@ -563,11 +603,14 @@ def table(summary: dict) -> str:
             "generated rollouts / rollouts (the curve's mean). \"to match\": rollouts (compute units) for the median "
             f"curve to first reach {summary['match_threshold']:.3f} ({summary['match_fraction']} x GRPO's best median), "
             "over GRPO's own.", "",
+            *_power_lines(summary), "",
             "Paired differences A - B over the seeds both have (seed s of both: same prompt order, same warm start): "
             "median, percentile-bootstrap 95% interval of the median over seeds, exact sign-flip permutation p "
-            "(sign test p). Resolved = interval excludes 0 and p < 0.05.", "",
-            "| pair | score | n | median A - B | 95% CI | p (permutation) | p (sign) | in words |",
-            "|---|---|---|---|---|---|---|---|"]
+            "(sign test p). Resolved = interval excludes 0 and p < 0.05. MDE: the approximate smallest mean "
+            "difference of final accuracy these seeds detect with 80% power at two-sided alpha 0.05, from the "
+            "spread of the paired differences.", "",
+            "| pair | score | n | median A - B | 95% CI | p (permutation) | p (sign) | MDE | in words |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for pair, stats in summary["pairs"].items():
         a, b = pair.split("_vs_")
         for score, st in stats.items():
@@ -576,12 +619,15 @@ def table(summary: dict) -> str:
             else:
                 words = f"not resolved at {st['n']} seeds"
             out.append(f"| {pair} | {score} | {st['n']} | {st['median']:+.3f} | [{st['ci95'][0]:+.3f}, "
-                       f"{st['ci95'][1]:+.3f}] | {st['p']:.3f} | {st['sign_p']:.3f} | {words} |")
+                       f"{st['ci95'][1]:+.3f}] | {st['p']:.3f} | {st['sign_p']:.3f} | "
+                       f"{_fmt(st.get('mde'), '.3f', '')} | {words} |")
     ws = summary.get("warm_start")
     if ws:
         n = ws["samples_per_prompt"]
-        out += ["", f"Warm start ({ws['supervised_steps']} supervised steps): held-out accuracy {ws['heldout_acc']:.3f} ("
-                + ", ".join(f"{b} {v:.2f}" for b, v in ws["heldout_by_band"].items()) + f"). Per-prompt success "
+        base = ws["heldout"]
+        out += ["", f"Warm start ({ws['supervised_steps']} supervised steps): held-out {metric['name']} "
+                f"{base['accuracy']:.3f} (" + ", ".join(f"{b} {v:.2f}" for b, v in base["by_band"].items())
+                + f"), greedy {base['accuracy_greedy']:.3f}. Per-prompt success "
                 f"rates over the {ws['pool_size']}-prompt RL pool ({n} samples each, temperature 1.0): "
                 f"{ws['share_all_wrong']:.0%} all wrong, {ws['share_all_right']:.0%} all right, "
                 f"{ws['share_mixed']:.0%} in between.", "",
@@ -650,6 +696,9 @@ def main(argv=None) -> dict:
     summary = se_analysis.summarize(runs)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
                            if not k.startswith("_")}
+    summary["primary_metric"] = {"name": f"held-out avg@{a.eval_samples}", "temperature": ROLLOUT_TEMPERATURE,
+                                 "samples_per_problem": a.eval_samples}
+    summary["provenance"] = evaluation_provenance()
     warm_path = a.out_dir / "warm_start.json"
     summary["warm_start"] = json.loads(warm_path.read_text()) if warm_path.is_file() else None
     summary["timing"] = {
@@ -676,6 +725,18 @@ def main(argv=None) -> dict:
     print(table(summary))
     print(json.dumps(summary, default=_jsonable))
     return summary
+
+
+def evaluation_provenance() -> dict:
+    """What graded the held-out answers: the grader's package versions and the code's commit."""
+    from evaluation.provenance import harness_provenance, software_versions
+
+    versions = software_versions()
+    harness = harness_provenance()
+    return {"grader": {"math-verify": versions.get("math-verify"),
+                       "grader_sha256": harness["sources_sha256"].get("grader.py")},
+            "git_commit": harness["git_commit"],
+            "evaluation_uncommitted_changes": harness["evaluation_uncommitted_changes"]}
 
 
 def _median(values) -> float:

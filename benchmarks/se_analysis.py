@@ -8,7 +8,7 @@ A run record is a dict (the JSON `run.json` each finished run leaves):
                 "generation_s": 1.9, "make_experience_s": 0.8, "ppo_train_s": 1.1,
                 "broadcast_s": 0.2, "optimizer_steps": 2, "replayed_rollouts": 64,
                 "train_tokens": 1344}, ...],
-     "evals": [{"step": 0, "accuracy": 0.30, "response_tokens": 6.0,
+     "evals": [{"step": 0, "accuracy": 0.30, "accuracy_greedy": 0.41, "response_tokens": 6.0,
                 "by_band": {"add 2d+1d": 0.9, ...}}, ...]}
 
 Compute units (docs/METHOD.md section 4, after Arnal et al.): one optimizer step of the GRPO baseline
@@ -23,12 +23,22 @@ divided by their total optimizer steps. A step's cost is then
 and a run's cost at step t is the sum over its steps 1..t. Replay adds training units without
 adding generation units; the plots show both axes.
 
-Per-seed scores, the same rule for every condition (so no condition's checkpoint is picked in
-its favour): `final_acc`, the accuracy of the last checkpoint; `best_acc`, the highest accuracy
+Held-out accuracy comes in two kinds per evaluation: `accuracy`, the primary metric, the mean
+over k answers per problem sampled at the rollout temperature (avg@k: it sees RL sharpen the
+sampling distribution, which greedy decoding barely shows), and `accuracy_greedy`. Per-seed
+scores, the same rule for every condition (so no condition's checkpoint is picked in its
+favour): `final_acc`, the accuracy of the last checkpoint; `best_acc`, the highest accuracy
 among the checkpoints the run trained (step 0, the shared warm start, excluded); `auc`, the area
 under held-out accuracy against generated rollouts divided by the run's rollouts (the curve's
-mean height, in accuracy units: every condition generates the same rollouts). A condition's
-figure is the median of its per-seed scores.
+mean height, in accuracy units: every condition generates the same rollouts). Each is computed
+on the primary metric, and again on greedy accuracy under the same name with `_greedy` appended.
+A condition's figure is the median of its per-seed scores.
+
+Power: a pair's minimal detectable effect at 80% power and two-sided alpha 0.05 is
+approximately (t(0.975, n-1) + t(0.80, n-1)) x sd(paired differences) / sqrt(n), from the
+measured spread of its n seed-paired differences (`minimal_detectable_effect`). The positive
+control (`POSITIVE_CONTROL`) is a pair whose sign is known before it runs: if the lab cannot
+resolve it, a null result elsewhere says nothing.
 
 Paired differences (condition A minus condition B, seed by seed: seed s of every condition has
 the same prompt order and the same warm start): their median, a percentile-bootstrap 95%
@@ -47,6 +57,10 @@ For a condition, the rollouts (compute units) at which its median curve first re
 threshold, over the same for the baseline; None when its median curve never reaches it. The
 compute median curve pairs, at each evaluated step, the median over seeds of the compute spent
 with the median accuracy.
+Their `_ci95` is a percentile-bootstrap interval over seeds: the seeds are resampled
+together (seed s of the condition with seed s of the baseline), both median curves and the
+threshold are recomputed, and a resample in which the condition never reaches the threshold
+counts as an infinite ratio (an upper bound of None means "may never match").
 """
 from __future__ import annotations
 
@@ -57,10 +71,15 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 BASELINE = "none"
-SCORES = ("final_acc", "best_acc", "auc")
+PRIMARY_SCORES = ("final_acc", "best_acc", "auc")
+SCORES = PRIMARY_SCORES + tuple(f"{k}_greedy" for k in PRIMARY_SCORES)
 PAIRS = (("advantage", "uniform"), ("advantage", "none_2epochs"), ("uniform", "none"), ("advantage", "none"))
 """Paired comparisons of the summary: (A, B) is reported as `A_vs_B`, differences A - B."""
+POSITIVE_CONTROL = ("none", "none_half_lr")
+"""GRPO minus GRPO at half its learning rate, at the same steps: positive if the LR is below
+the point where more step size stops helping (the lab's pilot checks that it is)."""
 ALPHA = 0.05
+POWER = 0.80
 
 
 def quantile_band(values_per_run: Sequence[Sequence[float]]) -> dict[str, np.ndarray]:
@@ -209,14 +228,64 @@ def auc_over_rollouts(rollouts: Sequence[float], accuracy: Sequence[float]) -> f
 
 
 def seed_scores(run: Mapping) -> dict[str, float]:
-    """One run's `final_acc`, `best_acc` (checkpoints after step 0) and `auc` (module docstring)."""
+    """One run's `final_acc`, `best_acc` (checkpoints after step 0) and `auc` on the primary
+    metric, and the same on greedy accuracy with `_greedy` appended (module docstring)."""
     evals = sorted(run["evals"], key=lambda e: e["step"])
-    trained = [e["accuracy"] for e in evals if e["step"] > 0]
-    if not trained:
+    if not any(e["step"] > 0 for e in evals):
         raise ValueError(f"run {run.get('condition')}/{run.get('seed')} has no evaluation after step 0")
     x = [e["step"] * run["rollouts_per_step"] for e in evals]
-    return {"final_acc": float(evals[-1]["accuracy"]), "best_acc": float(max(trained)),
-            "auc": auc_over_rollouts(x, [e["accuracy"] for e in evals])}
+    scores = {}
+    for field, suffix in (("accuracy", ""), ("accuracy_greedy", "_greedy")):
+        y = [e[field] for e in evals]
+        scores |= {f"final_acc{suffix}": float(y[-1]),
+                   f"best_acc{suffix}": float(max(v for v, e in zip(y, evals) if e["step"] > 0)),
+                   f"auc{suffix}": auc_over_rollouts(x, y)}
+    return scores
+
+
+def minimal_detectable_effect(diffs: Sequence[float], power: float = POWER, alpha: float = ALPHA) -> float | None:
+    """Approximate smallest true mean difference that a paired t-test over these seeds would
+    detect with probability `power` at two-sided level `alpha`: (t(1 - alpha/2, n-1) + t(power,
+    n-1)) x sd / sqrt(n), sd the sample standard deviation of the differences. None below 2 seeds."""
+    from evaluation.metrics import student_t_quantile
+
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 2:
+        return None
+    t = student_t_quantile(1 - alpha / 2, d.size - 1) + student_t_quantile(power, d.size - 1)
+    return float(t * d.std(ddof=1) / math.sqrt(d.size))
+
+
+def to_match_interval(runs: Sequence[Mapping], baseline_runs: Sequence[Mapping], unit_s: float, axis: str,
+                      match_fraction: float = 0.98, n_resamples: int = 2000, seed: int = 0) -> list:
+    """Percentile-bootstrap 95% interval of `to_match_ratio` over the seeds both conditions have,
+    resampled together (module docstring); inf (never reaches the threshold) is reported as None."""
+    by_seed = {r["seed"]: r for r in runs}
+    base_by_seed = {r["seed"]: r for r in baseline_runs}
+    seeds = sorted(set(by_seed) & set(base_by_seed))
+    if not seeds:
+        raise ValueError("no seed in common with the baseline")
+    curves = [[eval_curve(group[s], unit_s, axis) for s in seeds] for group in (by_seed, base_by_seed)]
+    (x, y), (bx, by) = ((np.array([c[0] for c in cs]), np.array([c[1] for c in cs])) for cs in curves)
+    idx = np.random.default_rng(seed).integers(0, len(seeds), size=(n_resamples, len(seeds)))
+    med = {k: np.median(v[idx], axis=1) for k, v in {"x": x, "y": y, "bx": bx, "by": by}.items()}  # (R, E)
+    threshold = match_fraction * np.nanmax(med["by"], axis=1, keepdims=True) - 1e-12
+    ratios = np.empty(n_resamples)
+    for i in range(n_resamples):
+        mine, base = (_first_at(med[kx][i], med[ky][i] >= threshold[i]) for kx, ky in (("x", "y"), ("bx", "by")))
+        if mine is None:
+            ratios[i] = math.inf
+        elif base == 0:
+            ratios[i] = 1.0 if mine == 0 else math.inf
+        else:
+            ratios[i] = mine / base
+    lo, hi = np.quantile(ratios, [0.025, 0.975], method="inverted_cdf")  # sample values, so inf survives
+    return [None if math.isinf(v) else float(v) for v in (lo, hi)]
+
+
+def _first_at(x: np.ndarray, reached: np.ndarray) -> float | None:
+    hits = np.flatnonzero(reached)
+    return float(x[hits[0]]) if hits.size else None
 
 
 def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 0) -> float:
@@ -269,7 +338,10 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
     """The sweep's summary: per condition (figures in the module docstring) and per pair.
 
     {"conditions": {name: {"seeds": n, "best_acc", "final_acc", "auc", ...}},
-     "pairs": {"A_vs_B": {"final_acc": paired_difference, "best_acc": ..., "auc": ...}}, ...}
+     "pairs": {"A_vs_B": {"final_acc": paired_difference + "mde", "best_acc": ..., "auc": ...,
+                          "final_acc_greedy": ..., ...}},
+     "grpo_gain": the baseline's final_acc minus its step-0 accuracy, paired by seed,
+     "positive_control": POSITIVE_CONTROL's final_acc difference (None when it did not run), ...}
     Pairs whose conditions are not both present are left out.
     """
     from evaluation.metrics import aes
@@ -306,7 +378,11 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
             "final_acc_iqr": np.percentile([s["final_acc"] for s in per_seed.values()], [25, 75]).tolist(),
             "final_acc_by_band": {b: float(np.median([e["by_band"][b] for e in final[c]["evals"]])) for b in bands},
             "rollouts_to_match_ratio": to_match_ratio(rollout_curves[c], rollout_curves[baseline], match_fraction),
+            "rollouts_to_match_ci95": to_match_interval(rs, by_condition[baseline], unit_s, "rollouts",
+                                                        match_fraction),
             "compute_to_match_ratio": to_match_ratio(compute_curves[c], compute_curves[baseline], match_fraction),
+            "compute_to_match_ci95": to_match_interval(rs, by_condition[baseline], unit_s, "compute_units",
+                                                       match_fraction),
             "mean_response_tokens": final[c]["response_tokens"],
             "aes_vs_grpo": aes_value,
             "train_tokens_per_step": float(np.median([np.mean([s["train_tokens"] for s in r["steps"]])
@@ -321,12 +397,23 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
             "generation_units": float(np.median([a["generation_units"][-1] for a in axes])),
             "final_train_reward": float(np.median([np.mean([s["reward"] for s in r["steps"][-3:]]) for r in rs])),
         }
-    pair_stats = {}
-    for a, b in pairs:
-        if a in scores and b in scores:
-            pair_stats[f"{a}_vs_{b}"] = {
-                k: paired_difference({s: v[k] for s, v in scores[a].items()},
-                                     {s: v[k] for s, v in scores[b].items()}) for k in SCORES}
+    pair_stats = {f"{a}_vs_{b}": _pair(scores[a], scores[b]) for a, b in pairs if a in scores and b in scores}
+    start = {r["seed"]: min(r["evals"], key=lambda e: e["step"])["accuracy"] for r in by_condition[baseline]}
+    gain = paired_difference({s: v["final_acc"] for s, v in scores[baseline].items()}, start)
+    a, b = POSITIVE_CONTROL
+    control = None
+    if a in scores and b in scores:
+        stat = _pair(scores[a], scores[b])["final_acc"]
+        control = {"pair": f"{a}_vs_{b}", **{k: stat[k] for k in ("n", "median", "ci95", "p", "resolved", "mde")}}
     return {"baseline": baseline, "unit_s": unit_s, "match_fraction": match_fraction,
             "match_threshold": match_fraction * float(np.nanmax(rollout_curves[baseline]["median"])),
-            "conditions": conditions, "pairs": pair_stats}
+            "grpo_gain": {k: gain[k] for k in ("n", "median", "ci95", "p", "resolved")},
+            "positive_control": control, "conditions": conditions, "pairs": pair_stats}
+
+
+def _pair(a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]]) -> dict:
+    """Every score's paired difference A - B (seed -> scores), with the MDE beside final_acc's."""
+    stats = {k: paired_difference({s: v[k] for s, v in a.items()}, {s: v[k] for s, v in b.items()})
+             for k in SCORES}
+    stats["final_acc"]["mde"] = minimal_detectable_effect(stats["final_acc"]["diffs"])
+    return stats

@@ -19,15 +19,17 @@ import se_task as st  # noqa: E402
 
 
 def make_run(condition, seed, accs, *, eval_every=2, reward=0.5, ppo_s=2.0, gen_s=3.0, opt_steps=2,
-             tokens=7.0, rollouts_per_step=128, replayed=0.0, by_band=None):
-    """A run with len(accs) - 1 evaluations after step 0, one every `eval_every` steps."""
+             tokens=7.0, rollouts_per_step=128, replayed=0.0, by_band=None, greedy=None):
+    """A run with len(accs) - 1 evaluations after step 0, one every `eval_every` steps; greedy
+    accuracies default to the sampled ones plus 0.1."""
     n_steps = eval_every * (len(accs) - 1)
     steps = [{"step": t, "reward": reward + 0.01 * t, "response_tokens": tokens, "generation_s": gen_s,
               "make_experience_s": 1.0, "ppo_train_s": ppo_s, "broadcast_s": 0.5, "optimizer_steps": opt_steps,
               "replayed_rollouts": replayed, "train_tokens": (rollouts_per_step + replayed) * tokens}
              for t in range(1, n_steps + 1)]
-    evals = [{"step": i * eval_every, "accuracy": a, "response_tokens": tokens,
-              "by_band": by_band or {"easy": a, "hard": a / 2}} for i, a in enumerate(accs)]
+    greedy = greedy or [a + 0.1 for a in accs]
+    evals = [{"step": i * eval_every, "accuracy": a, "accuracy_greedy": g, "response_tokens": tokens,
+              "by_band": by_band or {"easy": a, "hard": a / 2}} for i, (a, g) in enumerate(zip(accs, greedy))]
     return {"condition": condition, "seed": seed, "rollouts_per_step": rollouts_per_step, "steps": steps,
             "evals": evals}
 
@@ -118,6 +120,28 @@ def test_seed_scores_take_the_best_checkpoint_after_step_0():
     # x = 0, 256, 512, 768: three equal spans, trapezoid heights (0.9 + 0.3) / 2, (0.3 + 0.5) / 2,
     # (0.5 + 0.4) / 2; step 0 counts here: the curve starts at the warm start
     assert scores["auc"] == pytest.approx((1.2 + 0.8 + 0.9) / 2 / 3)
+    greedy = sa.seed_scores(make_run("uniform", 1, [0.9, 0.3, 0.5, 0.4], greedy=[0.1, 0.6, 0.2, 0.3]))
+    assert (greedy["final_acc_greedy"], greedy["best_acc_greedy"], greedy["final_acc"]) == (0.3, 0.6, 0.4)
+
+
+def test_minimal_detectable_effect_follows_the_t_formula():
+    diffs = [0.01, 0.03, -0.02, 0.04, 0.00, 0.02, 0.05, -0.01]
+    # t(0.975, 7) = 2.3646, t(0.80, 7) = 0.8960 (printed t tables)
+    expected = (2.3646 + 0.8960) * np.std(diffs, ddof=1) / math.sqrt(8)
+    assert sa.minimal_detectable_effect(diffs) == pytest.approx(expected, rel=1e-3)
+    assert sa.minimal_detectable_effect(diffs * 4) < sa.minimal_detectable_effect(diffs)  # more seeds, smaller
+    assert sa.minimal_detectable_effect([0.1]) is None
+
+
+def test_to_match_interval_brackets_the_ratio_and_reports_never_as_none():
+    base = [make_run("none", s, [0.1, 0.2, 0.3, 0.4]) for s in (1, 2, 3, 4)]
+    fast = [make_run("advantage", s, [0.1, 0.4, 0.4, 0.4]) for s in (1, 2, 3, 4)]
+    assert sa.to_match_interval(fast, base, 1.0, "rollouts") == pytest.approx([1 / 3, 1 / 3])  # no spread
+    # two seeds reach GRPO's level at step 2, two never: the interval spans 1/3 to "never"
+    mixed = fast[:2] + [make_run("advantage", s, [0.1, 0.2, 0.2, 0.2]) for s in (3, 4)]
+    lo, hi = sa.to_match_interval(mixed, base, 1.0, "rollouts")
+    assert lo == pytest.approx(1 / 3) and hi is None
+    assert sa.to_match_interval(base, base, 1.0, "compute_units") == pytest.approx([1.0, 1.0])
 
 
 @pytest.mark.parametrize("diffs, p", [
@@ -195,9 +219,24 @@ def test_summarize_end_to_end():
     assert adv["train_tokens_per_step"] == pytest.approx(192 * 6.0) and adv["replayed_per_step"] == 64
     assert adv["optimizer_steps_per_step"] == 3 and adv["train_units"] == pytest.approx(4 * 3.5)
     pair = summary["pairs"]["advantage_vs_none"]
-    assert set(pair) == {"final_acc", "best_acc", "auc"}
+    assert set(pair) == {"final_acc", "best_acc", "auc", "final_acc_greedy", "best_acc_greedy", "auc_greedy"}
     assert pair["final_acc"]["diffs"] == pytest.approx([0.0, 0.1, -0.1]) and pair["final_acc"]["p"] == 1.0
     assert "advantage_vs_uniform" not in summary["pairs"]  # uniform did not run
+    assert pair["final_acc_greedy"]["diffs"] == pytest.approx([0.0, 0.1, -0.1])  # greedy = sampled + 0.1 here
+    assert pair["final_acc"]["mde"] == pytest.approx(sa.minimal_detectable_effect([0.0, 0.1, -0.1]))
+    assert adv["rollouts_to_match_ci95"][0] <= 0.5 and none["rollouts_to_match_ci95"] == [1.0, 1.0]
+    # GRPO: 0.2 -> 0.4 in every seed; the control did not run
+    assert summary["grpo_gain"]["median"] == pytest.approx(0.2) and summary["grpo_gain"]["n"] == 3
+    assert summary["positive_control"] is None
+
+
+def test_summarize_reports_the_positive_control():
+    runs = [make_run("none", s, [0.2, 0.3, 0.4 + 0.01 * s]) for s in range(1, 9)]
+    runs += [make_run("none_half_lr", s, [0.2, 0.25, 0.3 + 0.005 * s]) for s in range(1, 9)]
+    control = sa.summarize(runs)["positive_control"]
+    assert control["pair"] == "none_vs_none_half_lr" and control["n"] == 8
+    assert control["median"] == pytest.approx(0.1225) and control["resolved"] and control["p"] == pytest.approx(2 / 256)
+    assert control["mde"] == pytest.approx(sa.minimal_detectable_effect([0.1 + 0.005 * s for s in range(1, 9)]))
 
 
 def test_summarize_needs_the_baseline():
@@ -237,13 +276,16 @@ def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in
                 and not f.startswith(("--train.colocate_all", "--vllm.enforce_eager", "--ckpt.save_hf",
                                       "--ckpt.disable_ds"))]
 
-    reference = shared(commands["none"])
-    assert all(shared(cmd) == reference for cmd in commands.values())
+    reference = [f for f in shared(commands["none"]) if f[0] != "--actor.adam.lr"]
+    assert all([f for f in shared(cmd) if f[0] != "--actor.adam.lr"] == reference for cmd in commands.values())
     assert _flag(commands["none"], "--data.max_samples") == "160"  # 10 steps x 16 prompts per pass
     assert _flag(commands["none"], "--train.num_episodes") == "5"  # 50 steps
     assert _flag(commands["none"], "--train.seed") == "3" and _flag(commands["none"], "--replay.seed") == "3"
     assert {c: _flag(cmd, "--train.max_epochs") for c, cmd in commands.items() if c.startswith("none")} == \
-        {"none": "1", "none_2epochs": "2"}
+        {"none": "1", "none_half_lr": "1", "none_2epochs": "2"}
+    # the positive control differs from GRPO in its learning rate alone
+    assert {c: _flag(cmd, "--actor.adam.lr") for c, cmd in commands.items() if c.startswith("none")} == \
+        {"none": "0.0001", "none_half_lr": "5e-05", "none_2epochs": "0.0001"}
 
 
 def test_condition_flags_of_the_ablations_and_rlep():
@@ -258,7 +300,7 @@ def test_condition_flags_of_the_ablations_and_rlep():
 
 def test_args_defaults_per_task_and_checks():
     full = se.parse_args(["--out-dir", "/tmp/unused"])
-    assert sum(full.seeds_of(c) for c in full.condition_list) == 3 * 8 + 7 * 3
+    assert sum(full.seeds_of(c) for c in full.condition_list) == 4 * 8 + 7 * 3
     first = se.parse_args(["--task", "add2"])
     assert (first.steps, first.pool_steps, first.heldout_size, first.condition_list) == \
         (48, 48, 200, list(se.FIRST_EDITION))
@@ -345,6 +387,13 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     assert set(summary["pairs"]) == {"advantage_vs_uniform", "uniform_vs_none", "advantage_vs_none"}
     assert len(summary["conditions"]["none"]["final_acc_by_band"]) == 5
     assert summary["warm_start"]["pool_size"] == 80
+    # the primary metric: avg@8 at the rollout temperature, greedy beside it, in every evaluation
+    assert summary["primary_metric"] == {"name": "held-out avg@8", "temperature": 1.0, "samples_per_problem": 8}
+    evals = [e for r in json.load(__import__("gzip").open(out / "runs.json.gz", "rt")) for e in r["evals"]]
+    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["accuracy_greedy"] <= 1 for e in evals) and len(evals) == 9
+    assert any(e["accuracy"] != e["accuracy_greedy"] for e in evals)  # two measurements, not one copied
+    assert "final_acc_greedy" in summary["pairs"]["advantage_vs_none"] and "grpo_gain" in summary
+    assert summary["provenance"]["grader"]["math-verify"] and summary["provenance"]["git_commit"]
     for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz"):
         assert (out / name).is_file(), name
     assert "training 3 run(s) in one session" in proc.stdout

@@ -312,9 +312,9 @@ class FakeBackend:
     def __exit__(self, *exc) -> None:
         pass
 
-    def generate(self, prompts, n, temperature, max_new_tokens):
+    def generate(self, prompts, n, temperature, max_new_tokens, seed=0):
         answer = type("Generation", (), {"text": self.text, "n_tokens": 7})()
-        return [[answer] for _ in prompts]
+        return [[answer] * n for _ in prompts]
 
 
 @pytest.fixture
@@ -331,20 +331,25 @@ def test_a_pathological_answer_cannot_stall_the_lab(monkeypatch, short_pool_limi
     monkeypatch.setattr("evaluation.generation.make_backend",
                         lambda *a, **k: FakeBackend(PATHOLOGICAL["power_tower"]))
     start = time.monotonic()
-    result = se_task.evaluate_heldout("unused", PAIRS)
-    # 4 answers, 2 s each, on the pool's workers (2 here), plus replacing the killed ones.
-    assert result.accuracy == 0.0 and result.n == len(PAIRS)
-    assert time.monotonic() - start < 30
-    assert shared_grader().n_timeouts == len(PAIRS)
+    result = se_task.evaluate_heldout("unused", PAIRS, samples=1)
+    # 4 greedy + 4 sampled answers, 2 s each, on the pool's workers (2 here), plus replacing the killed ones.
+    assert result.accuracy == result.accuracy_greedy == 0.0 and result.n == len(PAIRS)
+    assert time.monotonic() - start < 45
+    assert shared_grader().n_timeouts == 2 * len(PAIRS)
 
 
 def test_the_lab_counts_correct_answers(monkeypatch):
     monkeypatch.setattr("evaluation.generation.make_backend",
                         lambda *a, **k: FakeBackend(r"\boxed{42}"))
-    assert se_task.evaluate_heldout("unused", PAIRS).accuracy == 0.25  # only 12 + 30 = 42
+    result = se_task.evaluate_heldout("unused", PAIRS)
+    assert result.accuracy == result.accuracy_greedy == 0.25  # only 12 + 30 = 42
+    assert result.by_band == result.by_band_greedy and result.samples == 8
 
 
 def test_evaluate_heldout_on_a_tiny_model(tiny_model):
-    result = se_task.evaluate_heldout(tiny_model, PAIRS, max_new_tokens=4)
-    assert result.n == len(PAIRS) and 0.0 <= result.accuracy <= 1.0
+    result = se_task.evaluate_heldout(tiny_model, PAIRS, samples=4, max_new_tokens=4)
+    assert result.n == len(PAIRS) and 0.0 <= result.accuracy <= 1.0 and 0.0 <= result.accuracy_greedy <= 1.0
     assert result.mean_response_tokens <= 4
+    # a problem's samples are seeded from the problem alone: the same answers in any order or company
+    again = se_task.evaluate_heldout(tiny_model, PAIRS[::-1], samples=4, max_new_tokens=4)
+    assert again.accuracy == result.accuracy and again.mean_response_tokens == result.mean_response_tokens
