@@ -17,23 +17,66 @@ from replay.checkpoint import ReplayCheckpointError, load_state, save_state
 from replay.composer import Composition, compose, compose_rlep
 from replay.config import ReplayConfig
 from replay.metrics import composition_metrics, store_metrics
+from replay.pool import POOL_VERSION, SuccessPool, load_pool
 from replay.record import RolloutBatch
-from replay.samplers import sampler_from_config
+from replay.samplers import replayed_priorities, reward_fresh_priorities, sampler_from_config
 from replay.store import RolloutStore
 
-FORMAT_VERSION = 1
+# 2: the state records its holding rules and the store its per-rollout priorities. Format 1 is
+# still read, with the rules its code had (`_FORMAT_1_RULES`).
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)
+KEEP_RULE, PRIORITY_RULE = "keep rule", "priority rule"
+FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
+                           "maximum, the drawn updated to max(|reward|, 1e-6)")
+# What format-1 code stored and ranked by in freshness mode (the other modes' rules are unchanged).
+_FORMAT_1_RULES = {"freshness": {KEEP_RULE: "nonzero_advantage",
+                                 PRIORITY_RULE: "(|A| + eps) ** alpha x exp(-age / tau)"}}
 
 
 def holding_rules(config: ReplayConfig) -> dict[str, Any]:
-    """The settings (as flags) that decide which rollouts the store holds, with the values in force.
-    A checkpoint written under other values holds rollouts this run would not keep, or lacks ones
-    it would: resuming from it would quietly mix two configurations."""
-    rules = {"replay.max_age": config.max_age_steps or "unset (no age limit)", "replay.capacity": config.capacity}
+    """What decides which rollouts the store holds and, where the store keeps priorities, what
+    they mean: the flags with their values in force, this code's keep rule for the mode and,
+    for freshness, its priority rule. A checkpoint written under other rules holds rollouts this
+    run would not keep, lacks ones it would, or carries priorities of another meaning: resuming
+    from it would quietly mix two configurations."""
+    rules = {"replay.max_age": config.max_age_steps or "unset (no age limit)", "replay.capacity": config.capacity,
+             KEEP_RULE: config.store_filter}
     if config.store_filter == "success":
         rules["replay.success_threshold"] = config.success_threshold
-    else:
+    elif config.store_filter != "all":
         rules["replay.min_abs_advantage"] = config.min_abs_advantage
+    if config.mode == "freshness":
+        rules[PRIORITY_RULE] = FRESHNESS_PRIORITY_RULE
     return rules
+
+
+def written_rules(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The holding rules a checkpoint state was written under (format 1: those of its config
+    under the code of that format)."""
+    if state.get("format_version") != 1:
+        return dict(state["holding_rules"])
+    config = ReplayConfig.from_dict(dict(state["config"]))
+    rules = holding_rules(config)
+    if config.mode in _FORMAT_1_RULES:
+        rules.pop(PRIORITY_RULE, None)
+        rules |= _FORMAT_1_RULES[config.mode] | {"replay.min_abs_advantage": config.min_abs_advantage}
+    return rules
+
+
+def rules_mismatch(saved: Mapping[str, Any], ours: Mapping[str, Any], mode: str) -> str | None:
+    """Why a buffer written under holding rules `saved` cannot resume under `ours`, with the
+    fix; None when they agree."""
+    differ = [k for k in {**saved, **ours} if saved.get(k) != ours.get(k)]
+    if not differ:
+        return None
+    show = lambda rules: ", ".join(f"{k} {rules.get(k, 'unset')}" for k in differ)  # noqa: E731
+    if KEEP_RULE in differ or PRIORITY_RULE in differ:
+        return (f"written under replay.mode={mode} with {show(saved)}; this code's replay.mode={mode} has "
+                f"{show(ours)}: the buffer holds other rollouts, or priorities of another meaning. Resume with "
+                "the code that wrote it, or start with an empty buffer (--replay.allow_empty_resume)")
+    return (f"written with {show(saved)}, this run has {show(ours)}: the buffer holds rollouts by other rules than "
+            "this run's; resume with the settings it was written with")
 
 
 class ReplayBuffer:
@@ -45,10 +88,22 @@ class ReplayBuffer:
                              "the run's length in steps (config.for_run(steps))")
         self.config = config
         self.store = self._new_store(config)
+        self.pool: SuccessPool | None = None
+        if config.success_pool:
+            self.pool = self._load_pool(config)
         self.sampler = sampler_from_config(config) if config.enabled else None
         self.rng = np.random.default_rng(config.seed)
         self.last_step: int | None = None
         self._step_metrics: dict[str, float] = {}
+
+    def _load_pool(self, config: ReplayConfig) -> SuccessPool:
+        """RLEP's offline pool (`replay/pool.py`), loaded into the store as rollouts of version -1."""
+        pool = load_pool(config.success_pool)
+        if len(pool.rollouts) > config.capacity:
+            raise ValueError(f"the success pool {config.success_pool} holds {len(pool.rollouts)} successes, more "
+                             f"than replay.capacity {config.capacity}: pass --replay.capacity {len(pool.rollouts)}")
+        self.store.insert(pool.rollouts, version=POOL_VERSION)
+        return pool
 
     @staticmethod
     def _new_store(config: ReplayConfig) -> RolloutStore:
@@ -77,7 +132,12 @@ class ReplayBuffer:
             else:
                 comp = compose(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of)
             self.store.increment_reuse(comp.indices)
-            self.store.insert(fresh, version=step)
+            priorities = None
+            if self.config.mode == "freshness":  # PER's update after a draw; the fresh enter at the maximum
+                self.store.update_priorities(comp.indices, replayed_priorities(self.store.view().rewards[comp.indices]))
+                priorities = reward_fresh_priorities(fresh.rewards, self.config.eps)
+            if self.pool is None:  # an offline pool is fixed, as RLEP's: the run's own successes stay out
+                self.store.insert(fresh, version=step, priorities=priorities)
         else:
             comp = Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64))
         self.last_step = step
@@ -98,9 +158,12 @@ class ReplayBuffer:
         return {
             "format_version": FORMAT_VERSION,
             "config": self.config.to_dict(),
+            "holding_rules": holding_rules(self.config),
             "last_step": self.last_step,
             "rng": self.rng.bit_generator.state,
             "store": self.store.state_dict(),
+            "success_pool": None if self.pool is None else {"digest": self.pool.digest,
+                                                            "rollouts": len(self.pool.rollouts)},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -109,22 +172,21 @@ class ReplayBuffer:
         (`holding_rules`). Settings that only shape later draws (ratio, alpha, warm-up, ...) may
         differ."""
         version = state.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"format version {version!r} is not supported (this code reads {FORMAT_VERSION})")
+        if version not in READABLE_FORMATS:
+            raise ValueError(f"format version {version!r} is not supported (this code reads "
+                             f"{', '.join(map(str, READABLE_FORMATS))})")
         saved_mode = dict(state.get("config") or {}).get("mode")
         if saved_mode != self.config.mode:
             raise ValueError(f"written with replay.mode={saved_mode!r}, this run has replay.mode="
                              f"{self.config.mode!r}: its contents and counters do not carry over")
         try:
-            saved = holding_rules(ReplayConfig.from_dict(dict(state["config"])))
+            saved = written_rules(state)
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"its replay config cannot be read: {e}") from e
-        ours = holding_rules(self.config)
-        if saved != ours:
-            written = ", ".join(f"{k} {v}" for k, v in saved.items() if ours[k] != v)
-            wanted = ", ".join(f"{k} {v}" for k, v in ours.items() if saved[k] != v)
-            raise ValueError(f"written with {written}, this run has {wanted}: the buffer holds rollouts by "
-                             "other rules than this run's; resume with the settings it was written with")
+            raise ValueError(f"its replay config or holding rules cannot be read: {e}") from e
+        problem = rules_mismatch(saved, holding_rules(self.config), self.config.mode)
+        if problem:
+            raise ValueError(problem)
+        self._check_pool_rule(state)
         rng = np.random.default_rng()
         try:
             rng.bit_generator.state = state["rng"]
@@ -137,6 +199,21 @@ class ReplayBuffer:
         self.store, self.rng = store, rng
         self.last_step = None if last_step is None else int(last_step)
         self._step_metrics = {}
+
+    def _check_pool_rule(self, state: Mapping[str, Any]) -> None:
+        """ValueError when `state` was written with another RLEP pool than this run's: an offline
+        pool of other contents, or the in-run pool where this run has an offline one, or back."""
+        saved = (state.get("success_pool") or {}).get("digest")
+        ours = None if self.pool is None else self.pool.digest
+        if saved == ours:
+            return
+        def name(digest, path=None):
+            return "the in-run pool (replay.success_pool unset)" if digest is None else \
+                f"the offline pool {path + ' ' if path else ''}of digest {digest}"
+        raise ValueError(f"written with {name(saved)}, this run has {name(ours, self.config.success_pool)}: the "
+                         "buffer holds other successes than this run would replay; resume with the pool file it "
+                         "was written with (or with replay.success_pool unset for the in-run pool), or start a "
+                         "new run")
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to `path` atomically (the previous file stays intact until replaced)."""

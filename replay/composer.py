@@ -1,10 +1,11 @@
 """Composers: turn one step's fresh rollouts plus a draw from the store into the training batch.
 
 Fresh-anchored (`compose`): all fresh rollouts, then k = round(ratio * n_fresh) replayed ones.
-RLEP (`compose_rlep`): M stored successes per fresh prompt on average join their prompt's fresh
-group, and the advantages of each enlarged group are recomputed over its G + M members. In both,
-fresh rollouts are never displaced, and the replayed count is a multiple of `multiple_of` (the
-integration's training batch) by one rounding rule, `nominal_replay_count`.
+RLEP (`compose_rlep`): up to M stored successes of each fresh prompt join its fresh group, and the
+advantages of each enlarged group are recomputed over its G + M members. In both, fresh rollouts
+are never displaced. Fresh-anchored replay counts in multiples of `multiple_of` (the integration's
+training batch) by one rounding rule, `nominal_replay_count`; RLEP replays its exact count and
+names the inert rows that complete the last batch.
 Composers read the store but never change it (the buffer counts reuse and inserts).
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Composition:
     indices: np.ndarray  # (m,) int64 store-view indices they were drawn at
     info: dict[str, float] = field(default_factory=dict)
     order: np.ndarray | None = None  # RLEP: permutation of fresh + replayed that groups by prompt
+    inert: int = 0  # RLEP: rows without loss the integration adds to complete whole training batches
 
     @functools.cached_property
     def batch(self) -> RolloutBatch:
@@ -102,19 +104,16 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
 
 def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
                  rng: np.random.Generator, multiple_of: int = 1, *, divide_by_std: bool = True) -> Composition:
-    """RLEP: `per_prompt` x (fresh prompts) stored successes of the step's prompts, rounded to a
-    multiple of `multiple_of`, spread over the prompts as evenly as their successes allow (the
-    sampler's rule), join their prompt's fresh group (they take its group id); the advantages of
-    each enlarged group are recomputed over all its members (`divide_by_std=False`: dr_grpo).
-    Groups that got no replay keep their advantages. When the store holds fewer successes of the
-    step's prompts than the target, the draw is cut to the largest multiple of `multiple_of`."""
+    """RLEP: each prompt of the step gets min(`per_prompt`, its stored successes), without
+    replacement (the sampler's rule), which join their prompt's fresh group (they take its group
+    id); the advantages of each enlarged group are recomputed over all its members
+    (`divide_by_std=False`: dr_grpo). Groups that got no replay keep their advantages. The count
+    is not rounded: `inert` says how many rows the integration must add, with no loss, to make the
+    replayed rows a multiple of `multiple_of` (its training batch)."""
     uids = fresh.prompt_uids[np.sort(np.unique(fresh.prompt_uids, return_index=True)[1])]
     if step < config.warmup or not len(store) or not len(uids):
         return _fresh_only(fresh)
-    target = nominal_replay_count(config.per_prompt * len(uids), 1.0, multiple_of)
-    draw = sampler(store.view(), target, step, rng, fresh_prompt_uids=uids)
-    cut = len(draw.indices) // multiple_of * multiple_of  # the draw comes evenest first: cut its tail
-    draw = Draw(draw.indices[:cut], draw.weights[:cut], dict(draw.info))
+    draw = sampler(store.view(), config.per_prompt * len(uids), step, rng, fresh_prompt_uids=uids)
     if not len(draw.indices):
         return _fresh_only(fresh, dict(draw.info))
     replayed = store.gather(draw.indices)
@@ -133,9 +132,10 @@ def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, con
     adv = np.where(enlarged[group_all], new_adv, np.r_[fresh.advantages, replayed.advantages]).astype(np.float32)
     n = len(fresh)
     order = np.lexsort((np.arange(len(group_all)), rank[group_all]))  # by group, fresh before replayed
-    info = dict(draw.info) | {"enlarged_group_fraction": float(enlarged.mean())}
+    inert = -len(replayed) % multiple_of
+    info = dict(draw.info) | {"enlarged_group_fraction": float(enlarged.mean()), "inert_rows": float(inert)}
     return Composition(fresh.replace(advantages=adv[:n]), replayed.replace(advantages=adv[n:]), draw.weights,
-                       draw.indices, info, order=order)
+                       draw.indices, info, order=order, inert=inert)
 
 
 def _fresh_only(fresh: RolloutBatch, info: dict[str, float] | None = None) -> Composition:

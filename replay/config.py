@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 MODES = ("none", "naive", "uniform", "advantage", "freshness", "success")
-OFF_POLICY = ("stale", "refresh")
+OFF_POLICY = ("stale", "refresh", "recompute")
 
 
 @dataclass(frozen=True)
@@ -31,17 +31,20 @@ class ModeDefaults:
     """Default age limit in steps; None: no age limit (FIFO by capacity only)."""
     alpha: float
     """Default priority exponent (used by the samplers that prioritise)."""
+    off_policy: str = "stale"
+    """Default off-policy handling of replayed rows, one of `OFF_POLICY`."""
 
 
 # The one table of per-mode defaults. RLEP's pool keeps every success of a prompt: a prompt
 # returns once per epoch, so an age limit shorter than an epoch would empty it before its prompt
-# comes back. FreshPER's alpha is 0.6; the method's is 0.5.
+# comes back. FreshPER keeps every rollout, as its reference buffer does (its priority is |reward|,
+# not |A|), and its alpha is 0.6; the method's is 0.5.
 MODE_DEFAULTS = {
     "naive": ModeDefaults(sampler="group", keep="nonzero_group", max_age_steps=None, alpha=0.5),
     "uniform": ModeDefaults(sampler="uniform", keep="nonzero_advantage", max_age_steps=10, alpha=0.5),
     "advantage": ModeDefaults(sampler="advantage", keep="nonzero_advantage", max_age_steps=10, alpha=0.5),
-    "freshness": ModeDefaults(sampler="freshness", keep="nonzero_advantage", max_age_steps=None, alpha=0.6),
-    "success": ModeDefaults(sampler="success", keep="success", max_age_steps=None, alpha=0.5),
+    "freshness": ModeDefaults(sampler="freshness", keep="all", max_age_steps=None, alpha=0.6),
+    "success": ModeDefaults(sampler="success", keep="success", max_age_steps=None, alpha=0.5, off_policy="recompute"),
 }
 
 
@@ -51,8 +54,8 @@ class ReplayConfig:
 
     mode: str = "none"
     """Replay variant: none (plain GRPO), naive (whole groups, FIFO, uniform with replacement),
-    uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: priority
-    decayed by age), success (RLEP: verified-correct rollouts join their prompt's fresh group)."""
+    uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: PER by
+    |reward| decayed by age, every rollout stored), success (RLEP: verified-correct rollouts join their prompt's fresh group)."""
     ratio: float = 0.5
     """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), halves up (the integration
     rounds to whole training batches). Not used by success mode (see per_prompt)."""
@@ -69,11 +72,14 @@ class ReplayConfig:
     """Priority exponent (advantage, freshness). Unset: the mode's default (0.6 for freshness,
     0.5 for advantage)."""
     eps: float = 1e-6
-    """Added to |A| before the exponent, so every stored rollout can be drawn."""
+    """Added to |A| (freshness: to |reward|) before the exponent, so every stored rollout can be
+    drawn."""
     replacement: bool = False
-    """Draw with replacement within a step (uniform, advantage, freshness; naive always replaces)."""
+    """Draw with replacement within a step (uniform, advantage; naive and freshness always
+    replace)."""
     tau: float = 500.0
-    """Freshness decay time in steps: priority * exp(-age / tau)."""
+    """FreshPER's age decay in steps: a stored priority times exp(-age / tau), before the
+    exponent."""
     beta_start: float = 0.4
     """Freshness importance-weight exponent at step 0."""
     beta_end: float = 1.0
@@ -83,17 +89,25 @@ class ReplayConfig:
     so beta reaches beta_end at its last step (the integration sets it from the number of rollout
     steps; with the core alone, set it)."""
     per_prompt: int = 2
-    """RLEP: replayed successes per fresh prompt on average (M; groups grow from G to about
-    G + M): M x prompts per step, rounded to whole training batches, spread over the step's
-    prompts as evenly as their stored successes allow."""
+    """RLEP: M, the most successes replayed per fresh prompt: each prompt of the step gets
+    min(M, its stored successes), drawn without replacement, and its group grows from G to up
+    to G + M. The integration completes the replayed rows to whole training batches with inert
+    rows (no loss, no tokens counted)."""
     success_threshold: float = 0.5
     """A rollout is verified-correct when its reward > this."""
     min_abs_advantage: float = 1e-6
     """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups;
-    not applied in success mode)."""
-    off_policy: str = "stale"
+    not applied in success and freshness modes)."""
+    off_policy: Optional[str] = None
     """stale: pi_old of a replayed rollout is its stored behaviour log-prob; refresh: recompute
-    pi_old under the current weights and correct with a truncated importance weight."""
+    pi_old under the current weights and correct with a truncated importance weight; recompute:
+    pi_old recomputed under the current weights, no importance weight (RLEP). Unset: the mode's
+    default (recompute for success, stale for the others)."""
+    success_pool: Optional[str] = None
+    """RLEP: a pool file of verified successes built before training from a seed checkpoint
+    (`python -m openrlhf_replay.cli.build_success_pool`), loaded at start and replayed from the
+    first step after the warm-up; the run's own successes are then not added. Unset: the in-run
+    pool (the run's own successes, from a prompt's second visit on)."""
     seed: int = 0
     """Seed of the buffer's own random generator (sampling)."""
     allow_empty_resume: bool = False
@@ -102,7 +116,15 @@ class ReplayConfig:
 
     def __post_init__(self) -> None:
         _choice("mode", self.mode, MODES)
-        _choice("off_policy", self.off_policy, OFF_POLICY)
+        if self.off_policy is not None:
+            _choice("off_policy", self.off_policy, OFF_POLICY)
+        if self.success_pool is not None and (self.mode != "success" or not isinstance(self.success_pool, str)
+                                              or not self.success_pool):
+            raise ValueError(f"replay.success_pool {self.success_pool!r} is a pool of successes for "
+                             f"replay.mode success (got replay.mode {self.mode!r}); unset it or use mode success")
+        if self.success_pool is not None and self.max_age is not None:
+            raise ValueError(f"replay.max_age {self.max_age} would evict the offline pool replay.success_pool "
+                             f"{self.success_pool!r} (its rollouts are older than step 0): unset replay.max_age")
         _number("ratio", self.ratio, low=0.0)
         _integer("warmup", self.warmup, low=0)
         if self.max_age is not None:
@@ -124,7 +146,10 @@ class ReplayConfig:
         for name in ("replacement", "allow_empty_resume"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"replay.{name} must be True or False, got {getattr(self, name)!r}")
-        if self.eps == 0 and self.min_abs_advantage == 0 and self.mode in ("advantage", "freshness"):
+        if self.eps == 0 and self.mode == "freshness":
+            raise ValueError("replay.eps = 0 in freshness mode gives a rollout of reward 0 the priority 0, with "
+                             "which it cannot be stored: make it positive (the default is 1e-6)")
+        if self.eps == 0 and self.min_abs_advantage == 0 and self.mode == "advantage":
             raise ValueError(
                 f"replay.eps = {self.eps!r} with replay.min_abs_advantage = {self.min_abs_advantage!r} would store "
                 "rollouts with priority 0 that can never be drawn: make one of them positive"
@@ -154,6 +179,13 @@ class ReplayConfig:
         if self.alpha is not None:
             return self.alpha
         return self.defaults.alpha if self.defaults else MODE_DEFAULTS["advantage"].alpha
+
+    @property
+    def effective_off_policy(self) -> str:
+        """The off-policy handling in force (the user's, else the mode's; stale when replay is off)."""
+        if self.off_policy is not None:
+            return self.off_policy
+        return self.defaults.off_policy if self.defaults else "stale"
 
     def for_run(self, steps: int) -> ReplayConfig:
         """This config with what derives from the run's length filled in: freshness's beta_steps,

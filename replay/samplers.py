@@ -49,17 +49,32 @@ def advantage_priorities(advantages: np.ndarray, alpha: float, eps: float) -> np
     return (np.abs(advantages.astype(np.float64)) + eps) ** alpha
 
 
-def freshness_priorities(advantages: np.ndarray, ages: np.ndarray, alpha: float, eps: float,
-                         tau: float) -> np.ndarray:
-    """(|A| + eps) ** alpha * exp(-age / tau), scaled so the largest is 1, (N,) float64.
+# FreshPER (Vision-CAIR/Freshness-Aware-PER, roll/agentic/replay_buffer/): the floor of a priority
+# set after a draw (`update_priorities`) and of an age-decayed one (`refresh_all_age_decay`).
+UPDATED_PRIORITY_FLOOR = 1e-6
+DECAYED_PRIORITY_FLOOR = 1e-8
 
-    Computed in log space: with no age limit, exp(-age / tau) alone underflows to 0 for old
-    rollouts, and the scale cancels in the sampling probabilities anyway.
-    """
-    log_p = alpha * np.log(np.abs(advantages.astype(np.float64)) + eps) - ages / tau
-    if not len(log_p):
-        return log_p
-    return np.exp(log_p - log_p.max())
+
+def reward_fresh_priorities(rewards: np.ndarray, eps: float) -> np.ndarray:
+    """FreshPER's priority of a rollout as it is stored: `reward_fresh` at age 0, |reward| + eps,
+    (N,) float64 (NaN stays NaN: the store refuses such rollouts)."""
+    return np.abs(rewards.astype(np.float64)) + eps
+
+
+def replayed_priorities(rewards: np.ndarray) -> np.ndarray:
+    """FreshPER's priority of a rollout after it was drawn: the update metric of `reward_fresh` is
+    the reward, max(|reward|, 1e-6), (N,) float64."""
+    return np.maximum(np.abs(rewards.astype(np.float64)), UPDATED_PRIORITY_FLOOR)
+
+
+def freshness_priorities(priorities: np.ndarray, ages: np.ndarray, newest: np.ndarray, max_priority: float,
+                         alpha: float, tau: float) -> np.ndarray:
+    """FreshPER's sampling priorities (its segment tree's leaves) at a draw, (N,) float64 > 0: the
+    rollouts of the most recent insertion at max_priority ** alpha (a new entry enters at the
+    running maximum), every other at max(priority * exp(-age / tau), 1e-8) ** alpha (the
+    age-decay refresh that precedes each draw)."""
+    decayed = np.maximum(priorities * np.exp(-ages / tau), DECAYED_PRIORITY_FLOOR)
+    return np.where(newest, max_priority, decayed) ** alpha
 
 
 def effective_sample_size(p: np.ndarray) -> float:
@@ -90,6 +105,19 @@ def uniform_draw(n: int, k: int, rng: np.random.Generator, replacement: bool) ->
     if replacement:
         return rng.integers(0, n, size=k, dtype=np.int64)
     return rng.choice(n, size=min(k, n), replace=False).astype(np.int64)
+
+
+def stratified_draw(p: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k indices by PER's proportional sampling, with replacement: the total of `p` (> 0) is cut
+    into k equal segments and one point is drawn uniformly in each; index i is drawn where the
+    point falls in [cumsum(p)[i - 1], cumsum(p)[i]). The same distribution as a sum segment tree's
+    prefix-sum search, found here by a binary search of the cumulative sums. Each index is drawn
+    k p_i / sum(p) times in expectation, with less spread than k independent draws."""
+    if k <= 0 or not len(p):
+        return np.zeros(0, np.int64)
+    cdf = np.cumsum(p)
+    points = (rng.random(k) + np.arange(k)) * (cdf[-1] / k)
+    return np.minimum(np.searchsorted(cdf, points, side="left"), len(p) - 1).astype(np.int64)
 
 
 def weighted_draw(p: np.ndarray, k: int, rng: np.random.Generator, replacement: bool) -> np.ndarray:
@@ -129,23 +157,28 @@ def advantage(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
 
 
 def freshness(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
-              fresh_prompt_uids: np.ndarray | None = None, alpha: float, eps: float, tau: float, beta_start: float,
-              beta_end: float, beta_steps: int, replacement: bool) -> Draw:
-    """FreshPER: advantage priority decayed by exp(-age / tau), with annealed importance weights."""
-    p = freshness_priorities(view.advantages, view.ages(step), alpha, eps, tau)
-    idx = weighted_draw(p, k, rng, replacement)
+              fresh_prompt_uids: np.ndarray | None = None, alpha: float, tau: float, beta_start: float,
+              beta_end: float, beta_steps: int) -> Draw:
+    """FreshPER with its `reward_fresh` priority: stratified proportional sampling (with
+    replacement) over `freshness_priorities` of the stored priorities, with importance weights
+    annealed by `beta_schedule`. The buffer keeps the priorities: |reward| + eps on insertion,
+    `replayed_priorities` after a draw."""
+    p = freshness_priorities(view.priorities, view.ages(step), view.newest, view.max_priority, alpha, tau)
+    idx = stratified_draw(p, k, rng)
     beta = beta_schedule(step, beta_start, beta_end, beta_steps)
     w = importance_weights(p, idx, beta)
     return Draw.of(idx, w, ess=effective_sample_size(p), candidates=len(view), is_beta=beta,
-                   is_weight_mean=w.mean() if len(w) else 0.0, is_weight_max=w.max(initial=0.0))
+                   is_weight_mean=w.mean() if len(w) else 0.0, is_weight_max=w.max(initial=0.0),
+                   at_max_priority=int(view.newest.sum()))
 
 
 def success(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
-            fresh_prompt_uids: np.ndarray | None = None, threshold: float) -> Draw:
+            fresh_prompt_uids: np.ndarray | None = None, threshold: float, per_prompt: int) -> Draw:
     """RLEP: verified-correct rollouts (reward > threshold), without replacement. Given the step's
-    fresh prompts, only their successes, as evenly over the prompts as those allow: one of each
-    prompt that has one, then a second of each, and so on (at random within a prompt, and among
-    the prompts of the last, partial round), so a cut of the draw's tail keeps it even."""
+    fresh prompts, each of them gets min(per_prompt, its stored successes), chosen at random among
+    them (RLEP's `random.sample` per question), and at most k in all. The draw comes round by round:
+    one of each prompt that has one, then a second of each, and so on (prompts at random within a
+    round), so a cut of its tail keeps it even. Without fresh prompts: k successes at random."""
     cand = np.flatnonzero(view.rewards > threshold)
     if fresh_prompt_uids is None:
         pick = cand[uniform_draw(len(cand), k, rng, replacement=False)]
@@ -157,7 +190,8 @@ def success(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
     sorted_uids = uids[order]
     run_start = np.flatnonzero(np.r_[True, sorted_uids[1:] != sorted_uids[:-1]]) if len(cand) else np.zeros(0, int)
     rank = np.arange(len(cand)) - np.repeat(run_start, np.diff(np.r_[run_start, len(cand)]))
-    evenest = np.lexsort((rng.random(len(cand)), rank))  # round by round, prompts at random within a round
+    within = np.flatnonzero(rank < per_prompt)  # min(M, successes) of each prompt
+    evenest = within[np.lexsort((rng.random(len(within)), rank[within]))]  # round by round
     pick = cand[order[evenest[:max(k, 0)]]]
     return Draw.of(pick, ess=len(cand), candidates=len(cand), prompts_with_success=len(run_start))
 
@@ -208,10 +242,9 @@ def sampler_from_config(config: ReplayConfig) -> Sampler:
     knobs = {
         "uniform": dict(replacement=config.replacement),
         "advantage": dict(alpha=config.effective_alpha, eps=config.eps, replacement=config.replacement),
-        "freshness": dict(alpha=config.effective_alpha, eps=config.eps, tau=config.tau,
-                          beta_start=config.beta_start, beta_end=config.beta_end, beta_steps=config.beta_steps,
-                          replacement=config.replacement),
-        "success": dict(threshold=config.success_threshold),
+        "freshness": dict(alpha=config.effective_alpha, tau=config.tau, beta_start=config.beta_start,
+                          beta_end=config.beta_end, beta_steps=config.beta_steps),
+        "success": dict(threshold=config.success_threshold, per_prompt=config.per_prompt),
         "group": {},
     }[name]
     return functools.partial(get_sampler(name), **knobs)

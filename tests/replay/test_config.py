@@ -12,7 +12,8 @@ def test_defaults_match_method_md():
     c = ReplayConfig()
     assert (c.mode, c.ratio, c.warmup, c.capacity, c.eps, c.replacement, c.tau) == ("none", 0.5, 20, 30000, 1e-6,
                                                                                      False, 500.0)
-    assert (c.beta_start, c.beta_end, c.off_policy, c.per_prompt) == (0.4, 1.0, "stale", 2)
+    assert (c.beta_start, c.beta_end, c.effective_off_policy, c.per_prompt) == (0.4, 1.0, "stale", 2)
+    assert c.off_policy is None and c.success_pool is None  # unset: resolved per mode
     assert not c.enabled and c.sampler_name is None and c.store_filter is None
 
 
@@ -20,7 +21,7 @@ def test_defaults_match_method_md():
     ("naive", None, 0.5, "group", "nonzero_group"),
     ("uniform", 10, 0.5, "uniform", "nonzero_advantage"),
     ("advantage", 10, 0.5, "advantage", "nonzero_advantage"),
-    ("freshness", None, 0.6, "freshness", "nonzero_advantage"),
+    ("freshness", None, 0.6, "freshness", "all"),
     ("success", None, 0.5, "success", "success"),  # RLEP's pool keeps every success
 ])
 def test_mode_defaults(mode, max_age_steps, alpha, sampler, keep):
@@ -29,6 +30,22 @@ def test_mode_defaults(mode, max_age_steps, alpha, sampler, keep):
     assert (c.max_age_steps, c.effective_alpha, c.sampler_name, c.store_filter) == (max_age_steps, alpha, sampler, keep)
     assert c.defaults is MODE_DEFAULTS[mode]
     assert c.alpha is None and c.max_age is None  # derived, never written back
+
+
+@pytest.mark.parametrize("mode, off_policy", [("success", "recompute"), ("advantage", "stale"),
+                                              ("freshness", "stale"), ("naive", "stale"), ("none", "stale")])
+def test_off_policy_resolves_per_mode_unless_set(mode, off_policy):
+    assert ReplayConfig(mode=mode).effective_off_policy == off_policy
+    assert ReplayConfig(mode=mode, off_policy="stale").effective_off_policy == "stale"
+    assert ReplayConfig(mode=mode, off_policy="recompute").effective_off_policy == "recompute"
+
+
+def test_success_pool_belongs_to_success_mode_without_an_age_limit():
+    assert ReplayConfig(mode="success", success_pool="pool.npz").success_pool == "pool.npz"
+    with pytest.raises(ValueError, match="replay.mode 'advantage'"):
+        ReplayConfig(mode="advantage", success_pool="pool.npz")
+    with pytest.raises(ValueError, match="would evict the offline pool"):
+        ReplayConfig(mode="success", success_pool="pool.npz", max_age=100)
 
 
 def test_explicit_values_override_mode_defaults():
@@ -49,7 +66,7 @@ def test_explicit_values_override_mode_defaults():
     ({"tau": 0.0}, "0.0", "> 0"),
     ({"beta_start": 1.5}, "1.5", "<= 1.0"),
     ({"per_prompt": 0}, "0", "integer >= 1"),
-    ({"off_policy": "fresh"}, "'fresh'", "stale, refresh"),
+    ({"off_policy": "fresh"}, "'fresh'", "stale, refresh, recompute"),
     ({"seed": -3}, "-3", "integer >= 0"),
     ({"replacement": "yes"}, "'yes'", "True or False"),
     ({"mode": "advantage", "eps": 0.0, "min_abs_advantage": 0.0}, "0.0", "make one of them positive"),

@@ -8,6 +8,7 @@ import pytest
 
 from replay import (SAMPLERS, ReplayConfig, StoreView, advantage_priorities, beta_schedule, effective_sample_size,
                     freshness_priorities, get_sampler, importance_weights, sampler_from_config, weighted_draw)
+from replay.samplers import replayed_priorities, reward_fresh_priorities, stratified_draw
 
 
 def chi_square_p(observed, expected):
@@ -20,14 +21,17 @@ def chi_square_p(observed, expected):
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def view_of(advantages, versions=None, rewards=None, prompt_uids=None, group_ids=None):
+def view_of(advantages, versions=None, rewards=None, prompt_uids=None, group_ids=None, priorities=None,
+            newest=None, max_priority=1.0):
     n = len(advantages)
     arr = lambda x, d, default: np.asarray(default if x is None else x, d)  # noqa: E731
     return StoreView(advantages=arr(advantages, np.float32, None), rewards=arr(rewards, np.float32, np.zeros(n)),
                      versions=arr(versions, np.int64, np.zeros(n)),
                      prompt_uids=arr(prompt_uids, np.int64, np.arange(n)),
                      group_ids=arr(group_ids, np.int64, np.arange(n)), reuse_counts=np.zeros(n, np.int32),
-                     serials=np.arange(n, dtype=np.int64), response_lengths=np.ones(n, np.int64))
+                     serials=np.arange(n, dtype=np.int64), response_lengths=np.ones(n, np.int64),
+                     priorities=arr(priorities, np.float64, np.ones(n)), newest=arr(newest, np.bool_, np.zeros(n)),
+                     max_priority=max_priority)
 
 
 def test_chi_square_helper_against_known_quantiles():
@@ -43,13 +47,16 @@ def test_chi_square_helper_against_known_quantiles():
 def test_priority_functions():
     adv = np.array([0.0, -1.0, 2.0], np.float32)
     assert np.allclose(advantage_priorities(adv, 0.5, 1e-6), (np.abs(adv) + 1e-6) ** 0.5)
-    ages = np.array([0, 10, 1000])
-    fp = freshness_priorities(adv, ages, 0.6, 1e-6, 500.0)
-    ref = (np.abs(adv.astype(float)) + 1e-6) ** 0.6 * np.exp(-ages / 500.0)
-    assert np.allclose(fp / fp.sum(), ref / ref.sum()) and fp.max() == 1.0
-    # Very old rollouts stay drawable instead of underflowing to 0.
-    old = freshness_priorities(np.ones(2, np.float32), np.array([10 ** 6, 10 ** 6 + 1]), 0.6, 1e-6, 500.0)
-    assert np.all(old > 0) and np.isclose(old[1] / old[0], math.exp(-1 / 500))
+    # FreshPER: stored at |reward| + eps, updated after a draw to max(|reward|, 1e-6).
+    rewards = np.array([0.0, 1.0, -2.0], np.float32)
+    assert np.allclose(reward_fresh_priorities(rewards, 1e-3), [1e-3, 1.001, 2.001], rtol=0, atol=1e-12)
+    assert np.allclose(replayed_priorities(rewards), [1e-6, 1.0, 2.0], rtol=0, atol=1e-15)
+    # The newest insertion at the running maximum, the others decayed by age (floored at 1e-8).
+    ages = np.array([1, 10, 1000, 10 ** 6])
+    fp = freshness_priorities(np.array([0.5, 1.0, 0.5, 1.0]), ages, np.array([True, False, False, False]),
+                              2.0, 0.6, 500.0)
+    ref = np.array([2.0, math.exp(-10 / 500), 0.5 * math.exp(-2), 1e-8]) ** 0.6
+    assert np.allclose(fp, ref, rtol=1e-12, atol=0)
 
 
 def test_effective_sample_size():
@@ -124,21 +131,37 @@ def test_advantage_sampler_frequencies(replacement):
         assert sorted(d.indices.tolist()) == [0, 1, 2, 3, 4]
 
 
+def test_stratified_draw_is_proportional_and_spreads_evenly():
+    p = np.array([0.5, 3.0, 0.0001, 1.5, 5.0])
+    rng = np.random.default_rng(11)
+    # One point per draw: exactly the proportional distribution.
+    singles = np.concatenate([stratified_draw(p, 1, rng) for _ in range(20_000)])
+    counts = np.bincount(singles, minlength=len(p))
+    assert chi_square_p(counts[[0, 1, 3, 4]], 20_000 * p[[0, 1, 3, 4]] / p.sum()) > 1e-3
+    assert chi_square_p(counts[[1, 0, 3, 4]], 20_000 * p[[0, 1, 3, 4]] / p.sum()) < 1e-6  # control: can fail
+    # k points, one per segment: each index within 2 of its expected count k p_i / sum(p).
+    for k in (1, 7, 100, 1001):
+        many = np.bincount(stratified_draw(p, k, rng), minlength=len(p))
+        assert many.sum() == k and np.all(np.abs(many - k * p / p.sum()) < 2), (k, many)
+    assert len(stratified_draw(p, 0, rng)) == 0 and len(stratified_draw(np.zeros(0), 3, rng)) == 0
+
+
 def test_freshness_sampler_frequencies_and_weights():
     rng = np.random.default_rng(3)
-    adv = np.array([1.0, 1.0, 1.0, 0.2], np.float32)
-    versions = np.array([0, 50, 100, 100])
-    view = view_of(adv, versions=versions)
-    cfg = ReplayConfig(mode="freshness", tau=50.0, replacement=True, beta_steps=1000)
-    sampler = sampler_from_config(cfg)
+    versions = np.array([0, 50, 100, 100, 119])
+    stored = np.array([1.0, 1.0, 1.0, 0.2, 1e-6])
+    newest = versions == 119
+    view = view_of(np.zeros(5, np.float32), versions=versions, priorities=stored, newest=newest, max_priority=1.5)
+    sampler = sampler_from_config(ReplayConfig(mode="freshness", tau=50.0, beta_steps=1000))
     d = sampler(view, 40_000, 120, rng)
-    p = (np.abs(adv) + 1e-6) ** 0.6 * np.exp(-(120 - versions) / 50.0)
-    counts = np.bincount(d.indices, minlength=4)
-    assert chi_square_p(counts, len(d.indices) * p / p.sum()) > 1e-3
+    p = np.where(newest, 1.5, stored * np.exp(-(120 - versions) / 50.0)) ** 0.6
+    counts = np.bincount(d.indices, minlength=5)
+    assert np.all(np.abs(counts - 40_000 * p / p.sum()) < 2)  # stratified: as even as whole draws allow
     beta = beta_schedule(120, 0.4, 1.0, 1000)
     ref = (p / p.min()) ** -beta
     assert np.allclose(d.weights, ref[d.indices], rtol=1e-5)
     assert d.info["is_beta"] == pytest.approx(beta) and d.info["is_weight_max"] <= 1.0
+    assert d.info["at_max_priority"] == 1
 
 
 def test_uniform_sampler():
@@ -177,7 +200,7 @@ def test_success_sampler_spreads_the_draw_evenly_over_the_fresh_prompts():
         counts += [np.sum(uids[got] == 1) == 2, np.sum(uids[got] == 4) == 2]
     assert counts.sum() == 2000 and chi_square_p(counts, np.full(2, 1000.0)) > 1e-3
     # Never more than there are; no fresh prompts given: uniform over all successes.
-    assert len(sampler(view, 100, 10, rng, fresh_prompt_uids=fresh).indices) == 7
+    assert len(sampler(view, 100, 10, rng, fresh_prompt_uids=fresh).indices) == 5  # min(M = 2, successes) each
     assert set(sampler(view, 100, 10, rng).indices.tolist()) == {0, 1, 2, 4, 6, 7, 9, 10, 11}
 
 
