@@ -55,7 +55,8 @@ class ReplayConfig:
     mode: str = "none"
     """Replay variant: none (plain GRPO), naive (whole groups, FIFO, uniform with replacement),
     uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: PER by
-    |reward| decayed by age, every rollout stored), success (RLEP: verified-correct rollouts join their prompt's fresh group)."""
+    |reward| decayed by age, every rollout stored), success (RLEP: verified-correct rollouts join
+    their prompt's fresh group)."""
     ratio: float = 0.5
     """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), halves up (the integration
     rounds to whole training batches). Not used by success mode (see per_prompt)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -26,8 +27,10 @@ COUNTER_KEYS = ("inserted", "skipped_zero_adv", "skipped_unsuccessful", "evicted
 )
 # The per-rollout table's columns: what `StoreView` shows, then where each rollout's tokens sit
 # (the number of its chunk, counted since the store was created or loaded, and its token ranges).
+# "priorities" is prioritised replay's per-rollout state (FreshPER's stored priority; 1.0 where
+# no sampler keeps one), set on insertion and by `update_priorities` after a draw.
 _VIEW_DTYPES = {k: getattr(RolloutBatch.empty(), k).dtype for k in ROLLOUT_FIELDS} | {
-    "serials": np.int64, "response_lengths": np.int64}
+    "serials": np.int64, "response_lengths": np.int64, "priorities": np.float64}
 _ROW_DTYPES = _VIEW_DTYPES | dict.fromkeys(("chunk", "p_start", "p_end", "r_start", "r_end"), np.int64)
 
 
@@ -50,7 +53,9 @@ class InsertResult:
 @dataclass(frozen=True, eq=False)
 class StoreView:
     """Per-rollout metadata of the live rollouts, oldest first; index i here is index i of
-    `RolloutStore.gather`. Arrays are (N,) and read-only."""
+    `RolloutStore.gather`. Arrays are (N,) and read-only. The last three fields are the state of
+    prioritised replay (PER): each rollout's stored priority, which rollouts came in with the
+    most recent insertion, and the largest priority ever set."""
 
     advantages: np.ndarray  # float32
     rewards: np.ndarray  # float32
@@ -60,6 +65,9 @@ class StoreView:
     reuse_counts: np.ndarray  # int32
     serials: np.ndarray  # int64, insertion serial number: unique for the store's lifetime
     response_lengths: np.ndarray  # int64
+    priorities: np.ndarray  # float64 > 0, as inserted or last updated
+    newest: np.ndarray  # bool, stored by the most recent `insert` (none when it kept nothing)
+    max_priority: float = 1.0  # running maximum of the updated priorities, at least 1.0
 
     def __len__(self) -> int:
         return len(self.versions)
@@ -175,6 +183,8 @@ class RolloutStore:
         self._chunks_dropped = 0  # the number of self._chunks[0] in the table's "chunk" column
         self._rows = _Rows()
         self._next_serial = 0
+        self._newest_serial = 0  # rollouts with a serial from here on came in with the last insertion
+        self.max_priority = 1.0  # PER's running maximum priority (new entries start at 1.0)
         self._last_version: int | None = None
         self._cache: tuple[StoreView, dict[str, np.ndarray], list[_Chunk]] | None = None
 
@@ -183,9 +193,16 @@ class RolloutStore:
 
     # ---------------------------------------------------------------- mutation
 
-    def insert(self, batch: RolloutBatch, version: int | None = None) -> InsertResult:
+    def insert(self, batch: RolloutBatch, version: int | None = None,
+               priorities: np.ndarray | None = None) -> InsertResult:
         """Store the valid rollouts of `batch` that pass the keep rule, with policy version
-        `version` (default: the batch's own versions). Versions must not go below stored ones."""
+        `version` (default: the batch's own versions) and stored priority `priorities` ((n,)
+        aligned with `batch`, finite and > 0 where stored; default 1.0). Versions must not go below
+        stored ones. The stored rollouts become the view's `newest`; those of earlier insertions stop
+        being so."""
+        priorities = np.ones(len(batch)) if priorities is None else np.asarray(priorities, np.float64).reshape(-1)
+        if priorities.shape != (len(batch),):
+            raise ValueError(f"insert: {len(priorities)} priorities for {len(batch)} rollouts")
         ok, refused = refusals(batch)
         kept = ok & self._keep_rule(batch, ok)
         skipped = int(ok.sum() - kept.sum())
@@ -199,7 +216,11 @@ class RolloutStore:
             if versions[0] < floor or np.any(versions[1:] < versions[:-1]):
                 raise ValueError(f"insert: versions must not decrease (stored up to {self._last_version}, "
                                  f"got {versions.min()} .. {versions.max()}): eviction relies on version order")
-            self._append(batch, rows, versions, np.arange(self._next_serial, self._next_serial + len(rows)))
+        self._newest_serial = self._next_serial
+        self._cache = None
+        if len(rows):
+            self._append(batch, rows, versions, np.arange(self._next_serial, self._next_serial + len(rows)),
+                         self._checked_priorities(priorities[rows], len(rows)))
             self._next_serial += len(rows)
             self._last_version = int(versions[-1])
         self.counters["inserted"] += len(rows)
@@ -235,11 +256,35 @@ class RolloutStore:
         self._rows.assign("reuse_counts", self._rows.live()["reuse_counts"] + added)  # views already out keep theirs
         self._cache = None
 
-    def _append(self, batch: RolloutBatch, rows: np.ndarray, versions: np.ndarray, serials: np.ndarray) -> None:
-        """Store rollouts `rows` of `batch` as a new chunk, with these versions and serials."""
+    def update_priorities(self, indices: np.ndarray | Sequence[int], priorities: np.ndarray) -> None:
+        """Set the stored priority of live rollouts `indices` (into `view()`) to `priorities` (> 0;
+        of a repeated index, the last) and raise `max_priority` to their largest, as prioritised
+        replay does after a draw."""
+        idx = self._check_indices(indices)
+        values = self._checked_priorities(priorities, len(idx))
+        if not len(idx):
+            return
+        column = self._rows.live()["priorities"].copy()
+        column[idx] = values
+        self._rows.assign("priorities", column)  # views already out keep theirs
+        self.max_priority = max(self.max_priority, float(values.max()))
+        self._cache = None
+
+    @staticmethod
+    def _checked_priorities(priorities: np.ndarray, n: int) -> np.ndarray:
+        values = np.asarray(priorities, np.float64).reshape(-1)
+        if values.shape != (n,) or not np.all(np.isfinite(values) & (values > 0)):
+            raise ValueError(f"priorities must be {n} finite values > 0 (one per rollout), got shape {values.shape}, "
+                             f"min {values.min(initial=np.inf)}")
+        return values
+
+    def _append(self, batch: RolloutBatch, rows: np.ndarray, versions: np.ndarray, serials: np.ndarray,
+                priorities: np.ndarray) -> None:
+        """Store rollouts `rows` of `batch` as a new chunk, with these versions, serials and priorities."""
         ch = _Chunk(batch, rows)
         self._rows.append({k: getattr(batch, k)[rows] for k in ROLLOUT_FIELDS} | {
             "versions": versions, "serials": serials, "response_lengths": np.diff(ch.response_offsets),
+            "priorities": priorities,
             "chunk": np.full(len(rows), self._chunks_dropped + len(self._chunks)),
             "p_start": ch.prompt_offsets[:-1], "p_end": ch.prompt_offsets[1:],
             "r_start": ch.response_offsets[:-1], "r_end": ch.response_offsets[1:]})
@@ -357,7 +402,10 @@ class RolloutStore:
             rows = self._rows.live()  # slices: nothing is copied
             for a in rows.values():
                 a.setflags(write=False)
-            self._cache = (StoreView(**{k: rows[k] for k in _VIEW_DTYPES}), rows, list(self._chunks))
+            newest = rows["serials"] >= self._newest_serial
+            newest.setflags(write=False)
+            view = StoreView(**{k: rows[k] for k in _VIEW_DTYPES}, newest=newest, max_priority=self.max_priority)
+            self._cache = (view, rows, list(self._chunks))
         return self._cache
 
     # ---------------------------------------------------------------- state
@@ -368,6 +416,9 @@ class RolloutStore:
         return {
             "rollouts": {f.name: getattr(batch, f.name) for f in dataclasses.fields(RolloutBatch)},
             "serials": self.view().serials.copy(),
+            "priorities": self.view().priorities.copy(),
+            "max_priority": self.max_priority,
+            "newest_serial": self._newest_serial,
             "counters": dict(self.counters),
             "next_serial": self._next_serial,
             "last_version": self._last_version,
@@ -375,14 +426,21 @@ class RolloutStore:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace contents and counters by `state`; then enforce this store's capacity (the
-        age limit applies at the next `evict`). Raises ValueError on an inconsistent state."""
+        age limit applies at the next `evict`). Raises ValueError on an inconsistent state. A state
+        without priorities (written before they were kept) loads with every priority 1.0."""
         try:
             batch = RolloutBatch(**state["rollouts"])
             serials = np.asarray(state["serials"])
             counters = {k: int(v) for k, v in state["counters"].items()}
             next_serial, last_version = int(state["next_serial"]), state["last_version"]
+            priorities = self._checked_priorities(state.get("priorities", np.ones(len(batch))), len(batch))
+            max_priority = float(state.get("max_priority", 1.0))
+            newest_serial = int(state.get("newest_serial", next_serial))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"store state is incomplete or malformed: {e!r}") from e
+        if not (math.isfinite(max_priority) and max_priority >= 1.0) or not 0 <= newest_serial <= next_serial:
+            raise ValueError(f"store state max_priority {max_priority} must be finite and >= 1, newest_serial "
+                             f"{newest_serial} within [0, next_serial {next_serial}]")
         counters.pop("refused/length_mismatch", None)  # a reason no code path produces any more
         if set(counters) != set(COUNTER_KEYS):
             raise ValueError(f"store state counters {sorted(counters)} != expected {sorted(COUNTER_KEYS)}")
@@ -396,9 +454,9 @@ class RolloutStore:
         self._chunks_dropped = 0
         self._rows = _Rows()
         if len(batch):  # copied: the store shares no array with the caller's state
-            self._append(batch, np.arange(len(batch)), batch.versions, serials)
+            self._append(batch, np.arange(len(batch)), batch.versions, serials, priorities)
         self.counters = counters
-        self._next_serial = next_serial
+        self._next_serial, self._newest_serial, self.max_priority = next_serial, newest_serial, max_priority
         self._last_version = None if last_version is None else int(last_version)
         self._cache = None
         self._enforce_capacity()

@@ -2,8 +2,10 @@
 and a twin that is repeatedly saved and reloaded (it must keep drawing exactly like the original).
 
 Invariants: size never above capacity; nothing older than the age limit after eviction; the
-view equals the model (so draws index only live rollouts, and gathers return their data); no
-duplicates without replacement; fresh rollouts never displaced; replay only of earlier steps.
+view equals the model (so draws index only live rollouts, and gathers return their data; the
+per-rollout priorities, the newest insertion and the running maximum priority survive eviction,
+compaction and reloads); no duplicates without replacement; fresh rollouts never displaced;
+replay only of earlier steps.
 """
 import math
 import tempfile
@@ -56,6 +58,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.counters = dict.fromkeys(self.store.counters, 0)
         self.step = 0
         self.serial = 0
+        self.max_priority = 1.0
         self.tmp = tempfile.TemporaryDirectory()
 
     def teardown(self):
@@ -84,8 +87,11 @@ class StoreMachine(RuleBasedStateMachine):
         batch = RolloutBatch.from_lists(*[[r[k] for r in rows] for k in
                                           ("prompt", "response", "mask", "logp", "reward", "adv", "uid", "group")],
                                         self.step)
-        res = self.store.insert(batch, version=self.step)
-        assert self.twin.insert(batch, version=self.step) == res
+        priorities = rng.random(len(batch)) + 0.01 if seed % 3 else None
+        res = self.store.insert(batch, version=self.step, priorities=priorities)
+        assert self.twin.insert(batch, version=self.step, priorities=priorities) == res
+        for i, r in enumerate(rows):
+            r["priority"] = 1.0 if priorities is None else float(priorities[i])
         # Model: refuse, then apply the keep rule, then trim to capacity from the oldest.
         reasons = [_reason(r) for r in rows]
         valid = [r for r, why in zip(rows, reasons) if why is None]
@@ -100,13 +106,27 @@ class StoreMachine(RuleBasedStateMachine):
         assert res.inserted == len(kept) and res.filtered == len(valid) - len(kept)
         self.counters["inserted"] += len(kept)
         self.counters["skipped_unsuccessful" if self.kw["keep"] == "success" else "skipped_zero_adv"] += res.filtered
+        for r in self.model:
+            r["newest"] = False
         for r in kept:
-            self.model.append(dict(r, serial=self.serial, reuse=0))
+            self.model.append(dict(r, serial=self.serial, reuse=0, newest=True))
             self.serial += 1
         over = max(0, len(self.model) - self.kw["capacity"])
         assert res.evicted_capacity == over
         self.counters["evicted_capacity"] += over
         del self.model[:over]
+
+    @precondition(lambda self: len(self.model) > 0)
+    @rule(seed=st.integers(0, 2 ** 16), n=st.integers(0, 6))
+    def update_priorities(self, seed, n):
+        rng = np.random.default_rng(seed)
+        idx = rng.integers(0, len(self.model), n)  # repeats allowed: the last value wins
+        values = rng.random(n) * 3 + 1e-6
+        self.store.update_priorities(idx, values)
+        self.twin.update_priorities(idx, values)
+        for i, v in zip(idx.tolist(), values.tolist()):
+            self.model[i]["priority"] = v
+        self.max_priority = max([self.max_priority] + values.tolist())
 
     @rule(by=st.integers(0, 3))
     def advance_step(self, by):
@@ -130,8 +150,8 @@ class StoreMachine(RuleBasedStateMachine):
     def sample(self, name, k, replacement, seed, reuse):
         priority = dict(alpha=0.5, eps=1e-6, replacement=replacement)
         knobs = {"uniform": dict(replacement=replacement), "advantage": priority,
-                 "freshness": priority | dict(tau=3.0, beta_start=0.4, beta_end=1.0, beta_steps=10),
-                 "success": dict(threshold=0.5), "group": {}}[name]
+                 "freshness": dict(alpha=0.6, tau=3.0, beta_start=0.4, beta_end=1.0, beta_steps=10),
+                 "success": dict(threshold=0.5, per_prompt=2), "group": {}}[name]
         fresh_uids = np.array([0, 2, 4]) if name == "success" and seed % 2 else None
         sampler = get_sampler(name)
         draw = sampler(self.store.view(), k, self.step, np.random.default_rng(seed), fresh_prompt_uids=fresh_uids,
@@ -142,8 +162,10 @@ class StoreMachine(RuleBasedStateMachine):
         idx = draw.indices
         assert idx.dtype == np.int64 and len(draw.weights) == len(idx)
         assert np.all((idx >= 0) & (idx < len(self.model)))
-        if name in ("uniform", "advantage", "freshness") and not replacement or name == "success":
+        if name in ("uniform", "advantage") and not replacement or name == "success":
             assert len(set(idx.tolist())) == len(idx)
+        if name == "freshness":  # PER draws with replacement, exactly k
+            assert len(idx) == max(k, 0) and np.all(draw.weights > 0) and np.all(draw.weights <= 1)
         if name != "group":
             assert len(idx) <= k
         if name == "success":
@@ -183,9 +205,12 @@ class StoreMachine(RuleBasedStateMachine):
         assert view.advantages.tolist() == [r["adv"] for r in self.model]
         assert view.rewards.tolist() == [r["reward"] for r in self.model]
         assert view.reuse_counts.tolist() == [r["reuse"] for r in self.model]
+        assert view.priorities.tolist() == [r["priority"] for r in self.model]
+        assert view.newest.tolist() == [r["newest"] for r in self.model]
+        assert view.max_priority == twin.max_priority == self.max_priority
         assert np.all(np.diff(view.versions) >= 0)
         for name in ("serials", "versions", "advantages", "rewards", "reuse_counts", "group_ids", "prompt_uids",
-                     "response_lengths"):
+                     "response_lengths", "priorities", "newest"):
             assert np.array_equal(getattr(view, name), getattr(twin, name)), name
         assert self.store.counters == self.twin.counters == self.counters
 
@@ -246,7 +271,7 @@ class BufferMachine(RuleBasedStateMachine):
         k = 0 if self.step < self.cfg.warmup else min(math.floor(self.cfg.ratio * len(fresh) + 0.5), available)
         if self.cfg.mode in ("uniform", "advantage", "freshness"):
             assert len(rep) == (k if self.cfg.replacement else min(k, available))
-            if not self.cfg.replacement:
+            if not self.cfg.replacement and self.cfg.mode != "freshness":  # FreshPER always replaces
                 assert len(set(comp.indices.tolist())) == len(comp.indices)
         elif self.cfg.mode == "success":
             assert np.all(rep.rewards > self.cfg.success_threshold)
@@ -270,7 +295,10 @@ class BufferMachine(RuleBasedStateMachine):
         if not hasattr(self, "buf"):
             return
         assert len(self.buf) <= self.cfg.capacity
-        assert np.array_equal(self.buf.store.view().serials, self.twin.store.view().serials)
+        view, twin = self.buf.store.view(), self.twin.store.view()
+        for name in ("serials", "priorities", "newest"):
+            assert np.array_equal(getattr(view, name), getattr(twin, name)), name
+        assert view.max_priority == twin.max_priority
         assert self.buf.store.counters == self.twin.store.counters
 
 

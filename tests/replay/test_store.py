@@ -200,7 +200,7 @@ def test_a_partly_evicted_first_chunk_is_compacted_only_past_half_and_one_insert
     t = RolloutStore(30, None, keep="all")
     t.load_state_dict(RolloutStore(30, None, keep="all").state_dict() | {
         "rollouts": {f: getattr(big, f) for f in RolloutBatch.__dataclass_fields__},
-        "serials": np.arange(30), "next_serial": 30, "last_version": 0})
+        "serials": np.arange(30), "priorities": np.ones(30), "next_serial": 30, "last_version": 0})
     first = []
     for v in range(1, 6):
         t.insert(random_batch(rng, 1, 4, v), version=v)
