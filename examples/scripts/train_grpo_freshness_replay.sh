@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Baseline: FreshPER (arXiv 2604.16918; docs/METHOD.md section 3): rollouts with A != 0 in a FIFO
-# buffer of REPLAY_CAPACITY, priority (|A| + eps) ** 0.6 x exp(-age / 500), importance weights
-# (N P(i)) ** -beta / max with beta annealed 0.4 -> 1.0 over the run's own steps (the controller
-# derives them from the data, so beta reaches 1.0 at the last step).
+# Baseline: FreshPER (arXiv 2604.16918; docs/METHOD.md section 3), as its reference code runs a
+# critic-free method: every rollout in a FIFO buffer of REPLAY_CAPACITY, PER by reward with
+# priority ((|reward| + eps) x exp(-age / 500)) ** 0.6, new rollouts entering at the running maximum
+# priority and drawn ones updated from their reward, stratified draws with replacement, importance
+# weights (N P(i)) ** -beta / max with beta annealed 0.4 -> 1.0 over the run's own steps (the
+# controller derives them from the data, so beta reaches 1.0 at the last step).
 # Settings: environment variables, see common.sh; extra arguments are appended to the command.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
