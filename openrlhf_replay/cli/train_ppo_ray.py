@@ -113,7 +113,7 @@ def replay_arg_errors(args) -> list[str]:
         errors.append(f"--algo.kl.init_coef {args.algo.kl.init_coef}: replay stores one frozen advantage per rollout "
                       "and no reference log-probs, so KL must be off; pass --algo.kl.init_coef 0")
     correction = args.algo.advantage
-    if config.off_policy == "refresh" and (correction.is_correction_level, correction.is_correction_mode,
+    if config.effective_off_policy == "refresh" and (correction.is_correction_level, correction.is_correction_mode,
                                            correction.is_correction_gating) != ("token", "clip", "ratio"):
         errors.append("--replay.off_policy refresh weighs each replayed token by a truncated importance weight "
                       "pi_old / pi_behaviour (docs/METHOD.md); upstream does that with --algo.advantage.is_correction_level "
@@ -138,12 +138,30 @@ def replay_arg_errors(args) -> list[str]:
                       f"{args.train.batch_size} batches; make rollout.batch_size x n_samples_per_prompt a multiple of it")
     errors += partial_batch_errors(args)
     errors += prompt_file_problems(args)[0]
+    errors += success_pool_errors(config)
     if replay_per_step(config, args) == 0:
         wanted = (f"--replay.per_prompt {config.per_prompt} x {args.rollout.batch_size} prompts"
                   if config.mode == "success" else f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
         errors.append(f"{wanted} rounds to 0 whole training batches of --train.batch_size {args.train.batch_size} "
                       "(halves round up): replay more per step, or use a smaller --train.batch_size")
     return errors
+
+
+def success_pool_errors(config: ReplayConfig) -> list[str]:
+    """An offline RLEP pool that cannot be loaded or held, before Ray starts. Whether it belongs to
+    the run's tokenizer and prompts is checked where those are loaded (the trainer's start)."""
+    if not config.success_pool:
+        return []
+    from replay.pool import SuccessPoolError, load_pool
+
+    try:
+        pool = load_pool(config.success_pool)
+    except SuccessPoolError as e:
+        return [f"--replay.success_pool: {e}"]
+    if len(pool.rollouts) > config.capacity:
+        return [f"--replay.success_pool {config.success_pool} holds {len(pool.rollouts)} successes, more than "
+                f"--replay.capacity {config.capacity}: pass --replay.capacity {len(pool.rollouts)}"]
+    return []
 
 
 def _describe(args) -> str:
@@ -157,9 +175,13 @@ def _describe(args) -> str:
         f" ({wanted:g} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
         "runs the same optimizer steps)")
     if config.mode == "success":
-        return (f"replay: mode success (RLEP), {k} replayed successes + {fresh} fresh rollouts per step after step "
-                f"{config.warmup}{note}, on the steps whose prompts have at least {k} stored successes (a prompt "
-                "returns once per epoch: from the second epoch on)")
+        pool = (f"the offline pool {config.success_pool}" if config.success_pool else
+                "the in-run pool (the run's own successes: a prompt's from its second visit, once per epoch)")
+        return (f"replay: mode success (RLEP), up to {config.per_prompt} successes of each of the {args.rollout.batch_size} "
+                f"prompts (min of that and its stored successes) join its group of {args.rollout.n_samples_per_prompt} "
+                f"after step {config.warmup}, from {pool}, completed by inert rows to whole --train.batch_size "
+                f"{args.train.batch_size} batches (at most {k} rows); pi_old of replayed rows: "
+                f"{config.effective_off_policy}")
     return f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step {config.warmup}{note}"
 
 

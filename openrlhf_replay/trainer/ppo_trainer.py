@@ -20,6 +20,7 @@ from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
+from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
 from openrlhf_replay.utils import undecorated
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig, nominal_replay_count
 from replay.checkpoint import state_digest
@@ -30,11 +31,12 @@ REPLAY_STATE_KEY = "replay_state"  # client_states key: the replay file saved wi
 
 
 def replay_per_step(config: ReplayConfig, args) -> int:
-    """Replayed rollouts per step once the buffer holds enough: ratio x fresh (success mode:
-    per_prompt x prompts) in whole training batches, so every data-parallel rank runs the same
-    number of optimizer steps; the buffer's own rounding rule (`nominal_replay_count`)."""
+    """Replayed rows per step once the buffer holds enough: ratio x fresh in whole training
+    batches, so every data-parallel rank runs the same number of optimizer steps (the buffer's own
+    rounding rule, `nominal_replay_count`). Success mode: at most per_prompt x prompts successes,
+    completed by inert rows to whole training batches, so at most that many batches' rows."""
     if config.mode == "success":
-        return nominal_replay_count(config.per_prompt * args.rollout.batch_size, 1.0, args.train.batch_size)
+        return -(-config.per_prompt * args.rollout.batch_size // args.train.batch_size) * args.train.batch_size
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     return nominal_replay_count(fresh, config.ratio, args.train.batch_size)
 
@@ -56,6 +58,9 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
         run_steps = rollout_steps(self.args, len(self.prompts_dataloader))  # its batch size is 1 prompt
         self.replay_config = ReplayConfig.from_namespace(self.args).for_run(run_steps)
         self.replay = ReplayBuffer(self.replay_config)
+        if self.replay.pool is not None:
+            check_success_pool(self.replay.pool, self.tokenizer, self.prompts_dataloader.dataset.prompts,
+                               max_prompt_len(self.args.data.max_len, self.args.rollout.max_new_tokens))
         self.experience_maker = ReplayExperienceMaker(
             self.actor_model_group, self.critic_model_group, self.reward_model_group, self.reference_model_group,
             self.kl_ctl, self.strategy, self.tokenizer, replay_buffer=self.replay,

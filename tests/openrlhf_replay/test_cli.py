@@ -47,7 +47,7 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--replay.off_policy", "refresh", "--algo.advantage.is_correction_level", "token"], "mask drops tokens"),
     (["--actor.lr_scheduler", "cosine_with_min_lr"], "constant_with_warmup"),
     (["--replay.ratio", "0.12"], "rounds to 0 whole training batches"),  # 0.12 x 32 = 3.84 < half of 8
-    (["--replay.mode", "success", "--replay.per_prompt", "1", "--train.batch_size", "32"], "rounds to 0"),
+    (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz"], "no such replay checkpoint"),
     (["--rollout.batch_size", "3"], "multiple of"),
     (["--replay.mode", "success", "--algo.advantage.estimator", "rloo"], "recomputes group advantages"),
 ])
@@ -103,7 +103,13 @@ def test_launcher_states_the_replay_count_it_will_run(make_args):
     assert replay_per_step(ReplayConfig.from_namespace(args), args) == 24
     assert "24 replayed + 32 fresh rollouts per step after step 20 (20 rounded to whole" in _describe(args)
     success = make_args("--replay.mode", "success", "--replay.per_prompt", "2")
-    assert "16 replayed successes + 32 fresh rollouts per step after step 20" in _describe(success)
+    assert replay_per_step(ReplayConfig.from_namespace(success), success) == 16
+    assert ("up to 2 successes of each of the 8 prompts (min of that and its stored successes) join its group of 4 "
+            "after step 20, from the in-run pool") in _describe(success)
+    assert "(at most 16 rows); pi_old of replayed rows: recompute" in _describe(success)
+    # RLEP's count is never cut to whole batches: one success per prompt still replays
+    odd = make_args("--replay.mode", "success", "--replay.per_prompt", "1", "--train.batch_size", "32")
+    assert replay_arg_errors(odd) == [] and replay_per_step(ReplayConfig.from_namespace(odd), odd) == 32
 
 
 def test_cli_rejects_a_bad_replay_value_with_its_name():

@@ -12,6 +12,7 @@ from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
 from torch.utils.data import DataLoader
 
 from openrlhf_replay.trainer.ppo_utils.experience import (
+    INERT_KEY,
     REPLAYED_KEY,
     experiences_to_rollouts,
     mark_fresh,
@@ -137,7 +138,9 @@ def test_replay_count_is_whole_training_batches(make_args, experience_maker_cls,
 
 
 def test_success_mode_regroups_and_recomputes_fresh_advantages(make_args, experience_maker_cls, rollout_samples):
-    args = make_args("--replay.mode", "success", "--replay.warmup", "1", "--replay.per_prompt", "2")
+    # stale: no actor to recompute pi_old with here (tests/openrlhf_replay/test_ray.py does recompute)
+    args = make_args("--replay.mode", "success", "--replay.warmup", "1", "--replay.per_prompt", "2",
+                     "--replay.off_policy", "stale")
     maker = experience_maker_cls(ReplayExperienceMaker, args, replay_buffer=ReplayBuffer(ReplayConfig.from_namespace(args)))
     maker.step = 0
     maker.make_experience_batch(rollout_samples(8, 4, seed=8))
@@ -147,14 +150,20 @@ def test_success_mode_regroups_and_recomputes_fresh_advantages(make_args, experi
     out = maker.make_experience_batch(rollout_samples(8, 4, seed=8))
     replayed = [e for e in out if bool(e.info[REPLAYED_KEY].any())]
     fresh = [e for e in out if not bool(e.info[REPLAYED_KEY].any())]
-    n_replayed = sum(len(e.sequences) for e in replayed)
-    assert n_replayed > 0 and n_replayed % args.train.batch_size == 0
+    n_rows = sum(len(e.sequences) for e in replayed)  # replayed successes and inert rows
+    inert = torch.cat([e.info[INERT_KEY] for e in replayed]).bool()
+    comp = maker.composition
+    assert n_rows == len(comp.replayed) + comp.inert and n_rows % args.train.batch_size == 0
+    assert int(inert.sum()) == comp.inert
     # the same samples were generated at both steps, so every replayed success has a fresh twin
     fresh_rows = {tuple(r[: int(m.sum())].tolist()) for e in fresh for r, m in zip(e.sequences, e.attention_mask)}
     for e in replayed:
-        for r, m in zip(e.sequences, e.attention_mask):
-            assert tuple(r[: int(m.sum())].tolist()) in fresh_rows
-            assert float(e.rewards[0]) > 0.5
+        for r, m, reward, dead in zip(e.sequences, e.attention_mask, e.rewards, e.info[INERT_KEY].bool()):
+            assert dead or (tuple(r[: int(m.sum())].tolist()) in fresh_rows and float(reward) > 0.5)
+    # inert rows carry no loss: no action token, advantage 0
+    for e in replayed:
+        dead = e.info[INERT_KEY].bool()
+        assert not e.action_mask[dead].any() and not e.advantages[dead].any()
     # some fresh group got successes added, so its advantages were recomputed (they differ from upstream's)
     plain = experience_maker_cls(RemoteExperienceMaker, args).make_experience_batch(rollout_samples(8, 4, seed=8))
     changed = [not torch.equal(a.advantages, b.advantages) for a, b in zip(fresh, plain)]

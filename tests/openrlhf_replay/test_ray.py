@@ -102,6 +102,34 @@ def test_refresh_recomputes_old_log_probs_through_the_actor_group(local_ray, mak
         assert (e.rollout_log_probs[mask] != -0.25).all()  # pi_behaviour: what the store kept
 
 
+def test_recompute_gives_replayed_rows_the_current_policy_without_an_importance_weight(
+        local_ray, make_args, experience_maker_cls, rollout_samples):
+    """RLEP's default: pi_old of replayed rows is recomputed, and with upstream's IS correction on
+    for the fresh rows, pi_behaviour of replayed rows is too, so their weight is exactly 1. Inert
+    rows complete the exact count to whole training batches."""
+    from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY
+    from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
+
+    args = make_args("--replay.mode", "success", "--replay.warmup", 1, "--replay.per_prompt", 1,
+                     "--algo.advantage.is_correction_level", "token")
+    assert ReplayConfig.from_namespace(args).effective_off_policy == "recompute"
+    maker = experience_maker_cls(ReplayExperienceMaker, args, replay_buffer=ReplayBuffer(ReplayConfig.from_namespace(args)))
+    maker.actor_model_group = RayActorGroup(1, 1, ray.remote(ForwardRecorder), num_gpus_per_actor=1)
+    maker.step = 0
+    maker.make_experience_batch(rollout_samples(8, 4, seed=1, rollout_log_probs=True))
+    maker.step = 1  # the same prompts again: each has a stored success
+    out = maker.make_experience_batch(rollout_samples(8, 4, seed=1, rollout_log_probs=True))
+    replayed = [e for e in out if bool(e.info[REPLAYED_KEY].any())]
+    assert len(maker.composition.replayed) == 8 and maker.composition.inert == 0  # min(M = 1, successes) x 8
+    for e in replayed:
+        mask = e.action_mask.bool()
+        assert torch.equal(e.action_log_probs[mask], torch.full((int(mask.sum()),), -0.25))  # pi_old: current
+        assert torch.equal(e.rollout_log_probs[mask], e.action_log_probs[mask])  # IS weight exp(0) = 1
+    fresh = [e for e in out if not bool(e.info[REPLAYED_KEY].any())]
+    assert all((e.action_log_probs[e.action_mask.bool()] != -0.25).all() for e in fresh)  # upstream's own
+    assert all(not e.info[INERT_KEY].any() for e in out)
+
+
 class EngineStandIn:
     """Stands in for a vLLM engine actor: a constructor that takes its time or fails."""
 

@@ -20,6 +20,7 @@ from replay import RolloutBatch
 REPLAYED_KEY = "replay/is_replayed"  # info key: 1.0 on replayed rows, 0.0 on fresh ones
 IS_WEIGHT_KEY = "replay/row_is_weight"  # info key: importance weight folded into a replayed advantage
 AGE_KEY = "replay/row_age"  # info key: steps since the row was generated (0 for fresh rows)
+INERT_KEY = "replay/is_inert"  # info key: 1.0 on rows without loss that complete RLEP's last batch
 
 
 def prompt_uid(prompt_ids: np.ndarray) -> int:
@@ -105,8 +106,8 @@ def replayed_loss_inputs(padded: dict[str, np.ndarray], advantages: np.ndarray,
 
     - `action_log_probs`, the ratio's pi_old: the stored behaviour log-probs (stale anchor, the
       default: the clip then bounds how far a stale rollout moves the policy). With
-      `--replay.off_policy refresh` the experience maker later replaces them by the current
-      policy's (`ReplayExperienceMaker._refresh_old_log_probs`).
+      `--replay.off_policy refresh` or `recompute` the experience maker later replaces them by the
+      current policy's (`ReplayExperienceMaker._refresh_old_log_probs`).
     - `rollout_log_probs`, pi_behaviour: the same stored log-probs. Upstream's IS correction
       (refresh requires token-level clip) weighs each token by clip(pi_old / pi_behaviour); under
       stale they are equal to pi_old and the weight is 1.
@@ -176,29 +177,45 @@ def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience
     return Experience(**kwargs, info=info)
 
 
-def per_kind(name: str, value: torch.Tensor, replayed: torch.Tensor, kind: str) -> dict:
+def per_kind(name: str, value: torch.Tensor, replayed: torch.Tensor, kind: str,
+             inert: torch.Tensor | None = None) -> dict:
     """{`<name>@<kind>`: the per-row `value` (B,) on rows of that kind, 0 on the others}.
 
     Upstream averages a per-row statistic over all rows; `split_by_row_kind` turns that average of
-    the masked values back into the mean over one kind of row."""
-    flags = replayed.float() if kind == "replay" else 1.0 - replayed.float()
+    the masked values back into the mean over one kind of row. Inert rows (flagged replayed and
+    inert) belong to neither kind."""
+    if kind == "replay":
+        flags = replayed.float() - (0.0 if inert is None else inert.float())
+    else:
+        flags = 1.0 - replayed.float()
     return {f"{name}@{kind}": value.float() * flags}
 
 
 def split_by_row_kind(status: dict) -> dict:
     """{name: mean over its kind of row} from the `<name>@fresh` / `<name>@replay` averages in a
     step's `status` (which it pops): an average over all rows of values masked to one kind, divided
-    by that kind's share of the rows (`REPLAYED_KEY`'s average). A kind with no rows this step
-    gets no value rather than a made-up 0."""
+    by that kind's share of the rows (`REPLAYED_KEY`'s average, less `INERT_KEY`'s for replayed
+    rows). A kind with no rows this step gets no value rather than a made-up 0."""
     replayed_share = status.get(REPLAYED_KEY)
     out = {}
     for key in [k for k in status if k.endswith(("@fresh", "@replay"))]:
         value = status.pop(key)
         name, kind = key.rsplit("@", 1)
-        share = 1.0 - replayed_share if kind == "fresh" else replayed_share
-        if replayed_share is not None and share > 0:
+        if replayed_share is None:
+            continue
+        share = 1.0 - replayed_share if kind == "fresh" else replayed_share - status.get(INERT_KEY, 0.0)
+        if share > 1e-9:
             out[name] = value / share
     return out
+
+
+def set_row_flags(experiences: list[Experience], key: str, flags: np.ndarray) -> None:
+    """info[key] := `flags` (row order over `experiences`), as 0.0 / 1.0 in the key's dtype."""
+    row = 0
+    for exp in experiences:
+        n = len(exp.sequences)
+        exp.info[key] = torch.from_numpy(np.asarray(flags[row:row + n], np.float32)).to(exp.info[key].dtype)
+        row += n
 
 
 def mark_fresh(experiences: list[Experience]) -> None:
@@ -208,6 +225,7 @@ def mark_fresh(experiences: list[Experience]) -> None:
         exp.info[REPLAYED_KEY] = torch.zeros(n)
         exp.info[IS_WEIGHT_KEY] = torch.ones(n)
         exp.info[AGE_KEY] = torch.zeros(n)
+        exp.info[INERT_KEY] = torch.zeros(n)
 
 
 def set_advantages(experiences: list[Experience], advantages: np.ndarray) -> None:

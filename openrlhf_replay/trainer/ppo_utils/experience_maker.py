@@ -3,7 +3,8 @@
 Upstream's `make_experience_batch` turns one step's rollouts into Experience micro-batches with
 advantages. This subclass then (1) converts them into the replay core's records and lets the
 buffer evict, draw and store (the draw sees only earlier steps), (2) turns the drawn rollouts
-into Experience micro-batches shaped like the fresh ones, (3) with `--replay.off_policy refresh`
+into Experience micro-batches shaped like the fresh ones (RLEP: plus rows without loss that complete
+its exact count to whole training batches), (3) with `--replay.off_policy refresh` or `recompute`
 recomputes their old log-probs under the current weights, and (4) orders the list so that every
 data-parallel rank gets the same fresh/replay split, because upstream hands each rank one
 contiguous chunk (`RayActorGroup.async_run_method_batch`).
@@ -18,10 +19,12 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from openrlhf_replay.trainer.ppo_utils.experience import (
+    INERT_KEY,
     experiences_to_rollouts,
     mark_fresh,
     rollouts_to_experiences,
     set_advantages,
+    set_row_flags,
 )
 from openrlhf_replay.trainer.ppo_utils.reward_guard import guard_rewards
 from openrlhf_replay.utils import data_parallel_ranks
@@ -60,21 +63,31 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
         ranks = data_parallel_ranks(args)
-        per_rank = [
-            rollouts_to_experiences(part, fresh[0], args.rollout.micro_batch_size, self.tokenizer.pad_token_id,
-                                    step=self.step, is_weights=w)
-            for part, w in _split_even(comp.replayed, comp.weights, ranks)
-        ]
+        replayed, weights, inert = comp.replayed, comp.weights, np.zeros(len(comp.replayed), np.bool_)
+        if comp.inert:  # RLEP's exact count, completed to whole training batches by rows without loss
+            replayed = RolloutBatch.concat([replayed, inert_rollouts(replayed, comp.inert)])
+            weights = np.r_[weights, np.zeros(comp.inert, np.float32)]
+            inert = np.r_[inert, np.ones(comp.inert, np.bool_)]
+        per_rank = []
+        for idx in _rank_rows(len(replayed), ranks, strided=bool(comp.inert)):
+            part = rollouts_to_experiences(replayed.select(idx), fresh[0], args.rollout.micro_batch_size,
+                                           self.tokenizer.pad_token_id, step=self.step, is_weights=weights[idx])
+            set_row_flags(part, INERT_KEY, inert[idx])
+            per_rank.append(part)
         self.replay_seconds = time.perf_counter() - t0
         self.composition = comp
-        if self.replay.config.off_policy == "refresh" and len(comp.replayed):
+        if self.replay.config.effective_off_policy in ("refresh", "recompute") and len(comp.replayed):
             self._refresh_old_log_probs([e for part in per_rank for e in part])
         return arrange_for_ranks(fresh, per_rank)
 
     def _refresh_old_log_probs(self, replayed: list[Experience]) -> None:
         """pi_old of replayed rows := the current policy's log-probs (the actor's forward, as upstream
-        computes them for fresh rows); `rollout_log_probs` keeps the behaviour policy's, so upstream's
-        IS correction (`--algo.advantage.is_correction_*`) weighs and truncates pi_old / pi_behaviour."""
+        computes them for fresh rows), before the update.
+
+        `refresh`: `rollout_log_probs` keeps the behaviour policy's, so upstream's IS correction
+        (`--algo.advantage.is_correction_*`) weighs and truncates pi_old / pi_behaviour.
+        `recompute` (RLEP): no importance weight; where upstream's IS correction is on for the fresh
+        rows, `rollout_log_probs` takes the recomputed values too, so its weight is exactly 1 here."""
         refs = self._dispatch_forward(
             self.actor_model_group,
             self.args.train.colocate_all or self.args.train.colocate_actor_ref,
@@ -83,18 +96,38 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
             attention_mask=[e.attention_mask for e in replayed],
         )
         duplicate = self.args.ds.ring_attn_size * self.args.ds.tensor_parallel_size
+        no_weight = self.replay.config.effective_off_policy == "recompute"
         for exp, log_probs in zip(replayed, self._flatten_results(refs, duplicate)):
             exp.action_log_probs = log_probs.to(exp.action_log_probs.dtype)
+            if no_weight and exp.rollout_log_probs is not None:
+                exp.rollout_log_probs = exp.action_log_probs.clone()
 
 
 def _split_even(batch: RolloutBatch, weights: np.ndarray, parts: int):
     """`parts` contiguous slices of equal size (the caller made len(batch) a multiple of `parts`)."""
-    if len(batch) % parts:
-        raise ValueError(f"{len(batch)} replayed rollouts cannot be split evenly over {parts} ranks")
-    size = len(batch) // parts
-    for r in range(parts):
-        idx = np.arange(r * size, (r + 1) * size)
+    for idx in _rank_rows(len(batch), parts):
         yield batch.select(idx), weights[idx]
+
+
+def _rank_rows(n: int, ranks: int, strided: bool = False):
+    """Each rank's row indices: `ranks` equal parts of n (the caller made n a multiple of `ranks`),
+    contiguous, or every ranks-th row from the rank's own (so rows without loss at the end of the
+    list are shared out evenly)."""
+    if n % ranks:
+        raise ValueError(f"{n} replayed rollouts cannot be split evenly over {ranks} ranks")
+    size = n // ranks
+    for r in range(ranks):
+        yield np.arange(r, n, ranks) if strided else np.arange(r * size, (r + 1) * size)
+
+
+def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
+    """n rows that train nothing: the shortest prompt of `like` with its response's first token,
+    action mask False (no loss, no token in the token-mean's count), advantage and reward 0.
+    They fill the last training batch of a step so that every rank runs whole optimizer steps."""
+    i = int(np.argmin(like.prompt_lengths + like.response_lengths))
+    return RolloutBatch.from_lists(
+        [like.prompt(i)] * n, [like.response(i)[:1]] * n, [[False]] * n, [[0.0]] * n, [0.0] * n, [0.0] * n,
+        [int(like.prompt_uids[i])] * n, [int(like.group_ids[i])] * n, int(like.versions[i]))
 
 
 def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]]) -> list[Experience]:

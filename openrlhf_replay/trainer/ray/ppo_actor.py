@@ -24,7 +24,7 @@ import torch
 from openrlhf.models import PolicyLoss
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, per_kind
+from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REPLAYED_KEY, per_kind
 from openrlhf_replay.utils import undecorated
 
 # Generation statistics that mean something on replayed rows too (stored with the rollout).
@@ -44,9 +44,12 @@ def row_ratio_stats(log_probs, old_log_probs, advantages, action_mask, clip_low:
     return (clipped * mask).sum(-1) / tokens, (ratio * mask).sum(-1) / tokens, (log_ratio.abs() * mask).sum(-1) / tokens
 
 
-def _replayed_rows(info: dict, device=None) -> torch.Tensor:
-    """(B,) float: 1.0 on replayed rows. After the actor's collate, 0-d info values arrive as a list."""
-    return torch.as_tensor([float(x) for x in info[REPLAYED_KEY]], device=device)
+def _replayed_rows(info: dict, device=None, key: str = REPLAYED_KEY) -> torch.Tensor:
+    """(B,) float: 1.0 on replayed rows (`key`: on rows flagged so). After the actor's collate, 0-d
+    info values arrive as a list; a missing key reads 0 on every row."""
+    if key not in info:
+        return torch.zeros(len(info[REPLAYED_KEY]), device=device)
+    return torch.as_tensor([float(x) for x in info[key]], device=device)
 
 
 class SplitStatsPolicyLoss(PolicyLoss):
@@ -59,12 +62,12 @@ class SplitStatsPolicyLoss(PolicyLoss):
         out = super().forward(log_probs, old_log_probs, advantages, action_mask=action_mask, **kwargs)
         info = self.row_info
         if info is not None and REPLAYED_KEY in info and action_mask is not None:
-            replayed = _replayed_rows(info, log_probs.device)
+            replayed, inert = _replayed_rows(info), _replayed_rows(info, key=INERT_KEY)
             stats = row_ratio_stats(log_probs, old_log_probs, advantages, action_mask,
                                     self.clip_eps_low, self.clip_eps_high)
             for name, value in zip(("clip_frac", "ratio_mean", "abs_log_ratio"), stats):
-                info.update(per_kind(f"replay/{name}_fresh", value.cpu(), replayed.cpu(), "fresh"))
-                info.update(per_kind(f"replay/{name}_replay", value.cpu(), replayed.cpu(), "replay"))
+                info.update(per_kind(f"replay/{name}_fresh", value.cpu(), replayed, "fresh"))
+                info.update(per_kind(f"replay/{name}_replay", value.cpu(), replayed, "replay", inert))
         return out
 
 
@@ -81,11 +84,12 @@ class ReplayActorPPOTrainer(ActorPPOTrainer):
         finally:
             self.actor_loss_fn.row_info = None
         if REPLAYED_KEY in experience.info:
-            split_generation_stats(status, _replayed_rows(experience.info))
+            split_generation_stats(status, _replayed_rows(experience.info),
+                                   _replayed_rows(experience.info, key=INERT_KEY))
         return status
 
 
-def split_generation_stats(status: dict, replayed: torch.Tensor) -> None:
+def split_generation_stats(status: dict, replayed: torch.Tensor, inert: torch.Tensor | None = None) -> None:
     """In a `training_step` result, replace each per-row statistic of generation (upstream's
     sample-weighted keys; not this project's `replay/` keys) by its fresh-rows part, and add the
     replayed-rows part of those a stored rollout carries (`REPLAYED_ROW_STATS`)."""
@@ -95,7 +99,7 @@ def split_generation_stats(status: dict, replayed: torch.Tensor) -> None:
         del weights[key]
         parts = per_kind(key, value, replayed, "fresh")
         if key in REPLAYED_ROW_STATS:
-            parts |= per_kind(f"replay/{key}_replay", value, replayed, "replay")
+            parts |= per_kind(f"replay/{key}_replay", value, replayed, "replay", inert)
         metrics.update(parts)
         weights.update(dict.fromkeys(parts, "sample"))
 
