@@ -19,7 +19,10 @@ from replay.samplers import (
     freshness_priorities,
     get_sampler,
     importance_weights,
+    replayed_priorities,
+    reward_fresh_priorities,
     sampler_from_config,
+    stratified_draw,
     uniform_draw,
     weighted_draw,
 )
@@ -33,7 +36,7 @@ __all__ = [
     "advantage_priorities", "age_histogram", "beta_schedule", "compose", "compose_rlep",
     "composition_metrics", "effective_sample_size", "field_help", "freshness_priorities",
     "get_sampler", "group_normalise", "importance_weights", "load_state", "nominal_replay_count", "refusals",
-    "replay_count",
-    "sampler_from_config", "save_state", "store_metrics", "uniform_draw",
+    "replay_count", "replayed_priorities", "reward_fresh_priorities",
+    "sampler_from_config", "save_state", "store_metrics", "stratified_draw", "uniform_draw",
     "weighted_draw", "zero_variance_group_fraction",
 ]
