@@ -148,8 +148,8 @@ class ReplayConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"replay.{name} must be True or False, got {getattr(self, name)!r}")
         if self.eps == 0 and self.mode == "freshness":
-            raise ValueError("replay.eps = 0 in freshness mode gives a rollout of reward 0 the priority 0, with "
-                             "which it cannot be stored: make it positive (the default is 1e-6)")
+            raise ValueError(f"replay.eps = {self.eps!r} in freshness mode gives a rollout of reward 0 the priority "
+                             "0, with which it cannot be stored: make it positive (the default is 1e-6)")
         if self.eps == 0 and self.min_abs_advantage == 0 and self.mode == "advantage":
             raise ValueError(
                 f"replay.eps = {self.eps!r} with replay.min_abs_advantage = {self.min_abs_advantage!r} would store "

@@ -70,6 +70,7 @@ def test_explicit_values_override_mode_defaults():
     ({"seed": -3}, "-3", "integer >= 0"),
     ({"replacement": "yes"}, "'yes'", "True or False"),
     ({"mode": "advantage", "eps": 0.0, "min_abs_advantage": 0.0}, "0.0", "make one of them positive"),
+    ({"mode": "freshness", "eps": 0.0}, "0.0", "make it positive"),
 ])
 def test_errors_quote_the_value_and_say_what_is_allowed(changes, quoted, allowed):
     with pytest.raises(ValueError) as err:
