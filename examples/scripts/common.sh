@@ -9,7 +9,9 @@
 # replay rules) without starting Ray or loading a model, prints it, and writes nothing.
 # REHEARSE=1 also walks every step of every episode of that command on this CPU (the real
 # controller, data path, replay buffer and rank chunking; stand-ins for generation, log-probs,
-# rewards and the optimizer): minutes, no GPU, writes nothing; the last line is a JSON report.
+# rewards and the optimizer): minutes, no GPU; the last line is a JSON report, also written to
+# $RUNS_DIR/<model>/rehearsal/<condition>_seed<SEED>.json (compare.sh puts its optimizer steps per
+# rollout step beside that run's results); nothing else is written.
 #
 # How batches follow the GPU count (GPUS = NUM_NODES x NUM_GPUS):
 # - per step ROLLOUT_PROMPTS (128) prompts x GROUP_SIZE (8) = 1,024 fresh rollouts, and a
@@ -44,6 +46,7 @@ if [[ $PYTHON == */* ]]; then  # a relative path would break once a run changes 
 fi
 DRY_RUN=${DRY_RUN:-0}
 REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/cli/rehearse.py); all: at every scale and GPU count too
+REHEARSE_SOLVE_RATE=${REHEARSE_SOLVE_RATE:-}     # the rehearsal's mean P(correct) over prompts (unset: its default, 0.4; see rehearse.py --help)
 
 # ---- the algorithm (docs/METHOD.md sections 2-3)
 ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-128}
@@ -287,7 +290,9 @@ launch_training() {
         done
       done
     fi
-    "$PYTHON" -m openrlhf_replay.cli.rehearse "${shapes[@]}" -- "${cmd[@]}"
+    # The report is also kept where compare.sh looks for it, named after the run it rehearses.
+    "$PYTHON" -m openrlhf_replay.cli.rehearse "${shapes[@]}" ${REHEARSE_SOLVE_RATE:+--solve-rate "$REHEARSE_SOLVE_RATE"} \
+      --report "$RUNS_DIR/$(model_tag "$MODEL")/rehearsal/$(basename "$OUTPUT_DIR").json" -- "${cmd[@]}"
     return
   fi
   cd "$REPO_ROOT" || die "cannot cd to $REPO_ROOT"

@@ -8,7 +8,11 @@
 # subfield, response length, truncation) and each run's provenance. compare.md opens with a
 # warning when the runs differ in more than the model (data, decoding, versions, hardware).
 # Written as compare.md, compare.csv, compare_paired.csv, compare_breakdown.csv,
-# compare_provenance.json and plots with error bars.
+# compare_provenance.json and plots with error bars. Then each run's optimizer steps per rollout
+# step (and replayed rollouts per step, and how replayed rows' pi_old is taken), from its
+# rehearsal's report, beside its average accuracy, tokens and AES: compare_steps.md / .csv, also
+# appended to compare.md (`python -m openrlhf_replay.cli.rehearsal_report beside`). Equal rollout
+# steps are not equal training: replay trains on more rows per step.
 #   BASELINE=<eval directory>    the AES reference; default the GRPO run's: $RUNS_DIR/<model>/eval/grpo_seed<SEED>
 #   RUNS="<eval dir> ..."        the rows after it; default the base model's evaluation, then every
 #                                replay condition's (<condition>_seed<SEED>), the finished ones only
@@ -16,6 +20,9 @@
 #                                is GRPO's first seed and the rows hold every condition at every seed,
 #                                so compare.md also shows each condition's spread over seeds
 #   OUTPUT_DIR                   default $RUNS_DIR/<model>/compare_seed<SEED> (compare_seeds<1-2-3>)
+#   REHEARSALS=<dir>             the rehearsal reports, <run>.json per row; default $RUNS_DIR/<model>/rehearsal,
+#                                where `REHEARSE=1 bash examples/scripts/train_<condition>.sh` writes them
+#                                (a row without one says so and how to make it)
 # The evaluations come from eval.sh (same MODEL, SEED, RUNS_DIR). A table is a report, not a run:
 # rerunning rewrites it (with the evaluations finished by then). DRY_RUN=1: check, print, write nothing.
 set -euo pipefail
@@ -42,6 +49,7 @@ else
 fi
 if [[ ${#seeds[@]} == 1 ]]; then default_output=compare_seed${seeds[0]}; else default_output=compare_seeds$(IFS=-; echo "${seeds[*]}"); fi
 OUTPUT_DIR=$(realpath -m "${OUTPUT_DIR:-$RUNS_DIR/$tag/$default_output}")
+REHEARSALS=$(realpath -m "${REHEARSALS:-$RUNS_DIR/$tag/rehearsal}")
 
 runs=()
 for dir in "${wanted[@]}"; do
@@ -54,15 +62,18 @@ if [[ ! -f $BASELINE/summary.json || ${#runs[@]} == 0 ]]; then
   for dir in "${wanted[@]}"; do runs+=("$(realpath -m "$dir")"); done
 fi
 cmd=("$PYTHON" -m evaluation compare --baseline "$BASELINE" --runs "${runs[@]}" --output "$OUTPUT_DIR" "$@")
+steps_cmd=("$PYTHON" -m openrlhf_replay.cli.rehearsal_report beside --compare "$OUTPUT_DIR" --rehearsals "$REHEARSALS")
 
-describe_settings MODEL SEED SEEDS RUNS_DIR BASELINE OUTPUT_DIR
+describe_settings MODEL SEED SEEDS RUNS_DIR BASELINE OUTPUT_DIR REHEARSALS
 print_command "${cmd[@]}"
+print_command "${steps_cmd[@]}"
 if [[ $DRY_RUN == 1 ]]; then
   validate_command -- "${cmd[@]}"
   exit
 fi
 cd "$REPO_ROOT" || die "cannot cd to $REPO_ROOT"
 "${cmd[@]}"
+"${steps_cmd[@]}"
 mkdir -p "$OUTPUT_DIR"
-shell_words "${cmd[@]}" >"$OUTPUT_DIR/compare_command.sh"
-echo "$SCRIPT_NAME: table: $OUTPUT_DIR/compare.md"
+printf '%s\n%s\n' "$(shell_words "${cmd[@]}")" "$(shell_words "${steps_cmd[@]}")" >"$OUTPUT_DIR/compare_command.sh"
+echo "$SCRIPT_NAME: table: $OUTPUT_DIR/compare.md (optimizer steps per rollout step: $OUTPUT_DIR/compare_steps.md)"

@@ -21,11 +21,11 @@ triple its time.
 
 Stand-ins, and only these: generation (token ids drawn per prompt, short by default: lengths
 change no control flow, while upstream's per-token returns loop makes long ones slow here),
-the log-prob forward (random log-probs), rewards (each prompt has a fixed difficulty, so groups
-with none, some and all correct occur) and the rank's training (its rows counted into
-micro-batches as its dataloader would, drop_last, and an optimizer step counted, and the real
-LR scheduler stepped, every `accumulation` micro-batches, as DeepSpeed does; a partial window
-carries over into the next step, as DeepSpeed's would).
+the log-prob forward (random log-probs), rewards (each prompt has a fixed P(correct), drawn
+around a mean solve rate, `--solve-rate`, so groups with none, some and all correct occur) and
+the rank's training (its rows counted into micro-batches as its dataloader would, drop_last, and
+an optimizer step counted, and the real LR scheduler stepped, every `accumulation` micro-batches,
+as DeepSpeed does; a partial window carries over into the next step, as DeepSpeed's would).
 
 Other shapes of the same run (`--shape "<flags>"`, e.g. another GPU count and the micro-batch
 sizes that go with it) are rehearsed alongside, as shadows: they see the same steps, the same
@@ -34,10 +34,14 @@ shape-dependent code for real on stand-in micro-batches that only carry their ro
 split of the replay over ranks, the arrangement of the list, upstream's chunking of the forward
 pass and of the training batch, and each rank's training counts.
 
-Prints what it rehearses, then one JSON object (the last line): steps expected and completed,
-fresh and replayed rollouts per step, optimizer steps per step and per rank, micro-batches per
-rank, the LR schedule and its warm-up in optimizer and rollout steps, replay ages, the crash if
-any. Exit status 0 when the run completed without a crash, 1 otherwise.
+Prints what it rehearses, a one-row table of its figures, then one JSON object (the last line;
+`--report PATH` also writes it to a file): steps expected and completed, fresh and replayed
+rollouts per step (their spread, the share of steps that replay, a histogram, and the list of
+counts step by step beside the candidates each draw had), the handling of replayed rows' pi_old
+(`off_policy`: stale, refresh or recompute, as the run resolves it), optimizer steps per rollout
+step (mean and spread) and per rank, micro-batches per rank, the LR schedule and its warm-up in
+optimizer and rollout steps, replay ages, the stand-ins' settings, the crash if any. Exit status
+0 when the run completed without a crash, 1 otherwise.
 """
 from __future__ import annotations
 
@@ -60,6 +64,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from openrlhf_replay.cli.rehearsal_report import TABLE_HEADER, markdown, off_policy, replay_distribution, spread, \
+    table_row
 from openrlhf_replay.cli.validate import REPLAY_CLI, UPSTREAM_CLI, Invalid, launch_errors, resolve_training, \
     split_command
 from openrlhf_replay.utils import world_size
@@ -76,6 +82,15 @@ class Settings:
     Upstream's returns loop costs ~25 us per token per micro-batch here: short keeps a run short."""
     seed: int = 0
     """Seed of the stand-ins (difficulties, rewards, lengths, log-probs)."""
+    solve_rate: float = 0.4
+    """Mean P(correct) over prompts (REHEARSE_SOLVE_RATE in the scripts). Each prompt's own
+    P(correct) is drawn once, seeded by --seed and its text, from a Beta distribution with this mean
+    and --solve-concentration; 0 or 1: every prompt alike."""
+    solve_concentration: float = 1.5
+    """Spread of the prompts' P(correct) around --solve-rate: Beta(c x rate, c x (1 - rate)) for c =
+    this. Small c is U-shaped (rate 0.4, c 1.5: Beta(0.6, 0.9)): many prompts almost never or almost
+    always solved (the all-wrong and all-right groups of a real run), the rest in between; large c
+    puts every prompt near the mean."""
     resume_at: int = -1
     """Stop after this step's checkpoint and resume the whole controller from it (-1: the first
     checkpoint after the replay warm-up; 0: never)."""
@@ -87,6 +102,12 @@ class Settings:
         for name in ("prompt_tokens", "response_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be >= 1")
+        if not 0 <= self.solve_rate <= 1:
+            raise ValueError(f"--solve-rate {self.solve_rate}: a mean probability, must be in [0, 1] "
+                             "(REHEARSE_SOLVE_RATE=0.4 is 40% of rollouts correct on average)")
+        if not self.solve_concentration > 0:
+            raise ValueError(f"--solve-concentration {self.solve_concentration}: must be > 0 (1.5: a "
+                             "U-shaped spread of prompt difficulties; larger: closer to the mean)")
 
 
 class _Resume(Exception):
@@ -280,25 +301,30 @@ def _tokenizer_dir(prompts: list[str], folder: Path) -> Path:
     return folder
 
 
+def solve_probability(prompt: str, settings: Settings) -> float:
+    """P(correct) of a prompt: drawn from Beta(c x rate, c x (1 - rate)) (c = solve_concentration)
+    by a generator seeded with the settings' seed and the prompt's text, so a prompt keeps its
+    difficulty in every episode, at every shape and after a resume."""
+    rate, c = settings.solve_rate, settings.solve_concentration
+    if rate in (0, 1):
+        return float(rate)
+    text = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little")
+    return float(np.random.default_rng([settings.seed, text]).beta(c * rate, c * (1 - rate)))
+
+
 class Generation:
     """Stands for vLLM and the reward function: per prompt, `n` responses of sampled lengths, each
-    correct with the prompt's own probability (fixed per prompt text, spread over [0, 1])."""
+    correct with the prompt's own probability (`solve_probability`)."""
 
     def __init__(self, samples_generator, tokenizer, args, settings: Settings, rng) -> None:
         self.sg, self.tokenizer, self.args, self.settings, self.rng = samples_generator, tokenizer, args, settings, rng
         self.vocab = len(tokenizer)  # transformers rebuilds the vocabulary to measure it: once
+        self.solve: dict[str, float] = {}  # prompt -> P(correct), drawn on first sight
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """`prompt_tokens` token ids drawn from the prompt's text (equal prompts, equal ids)."""
         seed = int.from_bytes(hashlib.sha256(b"ids" + prompt.encode()).digest()[:8], "little")
         return np.random.default_rng(seed).integers(3, self.vocab, self.settings.prompt_tokens).tolist()
-
-    @staticmethod
-    def difficulty(prompt: str) -> float:
-        """P(correct) of a prompt: u ** 2 for a uniform u hashed from its text, so many prompts are
-        nearly never solved, some nearly always, and the rest in between."""
-        u = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "little") / 2**64
-        return u * u
 
     def __call__(self, dataloader_iter, num_prompts: int, dynamic_filtering=False, **generate_kwargs):
         from openrlhf.trainer.ppo_utils.samples_generator import _collect_prompt_batch
@@ -311,7 +337,9 @@ class Generation:
         experiences = []
         for prompt, label in zip(prompts, labels):
             ids = self.prompt_ids(prompt)
-            p = self.difficulty(prompt)
+            if prompt not in self.solve:
+                self.solve[prompt] = solve_probability(prompt, self.settings)
+            p = self.solve[prompt]
             lengths = self.rng.geometric(1 / self.settings.response_tokens, size=n)
             for length, correct in zip(lengths, self.rng.random(n) < p):
                 length = int(min(length, cap))
@@ -408,6 +436,8 @@ def _step_figures(status: dict, ranks: list[Rank]) -> dict:
         "fresh": int(status.get("rollout/num_samples", 0)),
         "replayed": int(status.get("replay/replayed", 0)),
         "age_mean": status.get("replay/age_mean"), "age_max": status.get("replay/age_max"),
+        # What the step's draw could choose from (RLEP: stored successes of the step's prompts).
+        "candidates": int(status.get("replay/candidates", 0)),
         "buffer": status.get("replay/size"), "buffer_bytes": status.get("replay/nbytes"),
         "ranks": {k: [r[k] for r in per_rank] for k in per_rank[0]},
     }
@@ -572,6 +602,9 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     if record.crash is None:
         record.crash_step = None
     report = _report(args, replay, record, ranks, max_steps, steps_per_episode, time.monotonic() - t0)
+    # The handling the run resolves for replayed rows (the trainer's own config, after its defaults).
+    report["off_policy"] = off_policy(getattr(trainer, "replay_config", replay))
+    report["settings"] = {k: v for k, v in dataclasses.asdict(settings).items() if k != "shape"}
     report["shapes"] = [_shape_report(args, "", ranks, record.crash, record.crash_step, len(record.steps))] + [
         _shape_report(s.args, s.flags, s.ranks, s.crash, s.crash_step, s.steps) for s in shadows]
     return report
@@ -612,12 +645,6 @@ def _prompt_texts(args) -> list[str]:
     return texts
 
 
-def _spread(values: list[float]) -> dict:
-    if not values:
-        return {"min": None, "median": None, "max": None}
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
 def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, steps_per_episode: int,
             seconds: float) -> dict:
     steps = record.steps
@@ -637,11 +664,10 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
         "shape": {"ranks": len(ranks), "train_micro_batch": args.train.micro_batch_size,
                   "rollout_micro_batch": args.rollout.micro_batch_size,
                   "accumulation": ranks[0].accumulation if ranks else None},
-        "fresh_per_step": _spread([s["fresh"] for s in steps]),
-        "replayed_per_step": {**_spread([s["replayed"] for s in after_warmup]),
-                              "steps_with_replay": sum(1 for s in after_warmup if s["replayed"]),
-                              "steps_after_warmup": len(after_warmup)},
-        "optimizer_steps_per_step": _spread(per_step_opt),
+        "fresh_per_step": spread([s["fresh"] for s in steps]),
+        "replayed_per_step": replay_distribution(steps, after_warmup),
+        "optimizer_steps_per_step": spread(per_step_opt) | {
+            "mean": statistics.fmean(per_step_opt) if per_step_opt else None},
         "optimizer_steps_per_rank": [sum(r.steps[i]["optimizer_steps"] for i in range(len(r.steps))) for r in ranks],
         "micro_batches_per_rank": {kind: [sum(s[f"{kind}_micro_batches"] for s in r.steps) for r in ranks]
                                    for kind in ("fresh", "replayed")},
@@ -651,7 +677,7 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
         "lr_warmup_optimizer_steps": warmup_opt,
         "lr_warmup_rollout_steps": warmup_rollout,
         "optimizer_steps_taken": cumulative[-1] if cumulative else 0,
-        "lr_after_warmup": _spread(ranks[0].lrs[warmup_opt:]) if ranks else None,
+        "lr_after_warmup": spread(ranks[0].lrs[warmup_opt:]) if ranks else None,
         "replay_age": {"max": max(ages) if ages else None,
                        "mean": statistics.fmean(s["age_mean"] for s in after_warmup if s["replayed"]) if ages else None},
         "buffer_max_rollouts": max((s["buffer"] or 0 for s in steps), default=0),
@@ -677,17 +703,26 @@ def main(argv: list[str] | None = None) -> int:
             continue
         parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
                             help=_field_doc(name))
+    parser.add_argument("--report", type=Path, metavar="PATH",
+                        help="also write the JSON report to PATH (its folder is created); "
+                        "`python -m openrlhf_replay.cli.rehearsal_report` reads such files")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given: pass -- python -m <launcher> <arguments>")
     try:
-        settings = Settings(**{k: tuple(v) if k == "shape" else v for k, v in vars(args).items() if k != "command"})
+        settings = Settings(**{k: tuple(v) if k == "shape" else v for k, v in vars(args).items()
+                               if k not in ("command", "report")})
         report = rehearse(command, settings, log=lambda text: print(text, file=sys.stderr, flush=True))
     except (Invalid, ValueError) as e:
         print(f"rehearse: {e}", file=sys.stderr)
         return 2
+    if "replayed_per_step" in report:  # a run refused before its start has no figures to tabulate
+        print(markdown(TABLE_HEADER, [table_row("this run", report)]), file=sys.stderr)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(report) + "\n", encoding="utf-8")
     print(json.dumps(report))
     ok = all(s["crash"] is None for s in report.get("shapes", [report]))
     return 0 if ok and report["steps_completed"] == report["steps_expected"] else 1

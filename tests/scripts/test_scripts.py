@@ -345,11 +345,33 @@ def test_compare_takes_the_finished_evaluations_grpo_first(stub, tmp_path):
         (eval_root / name / "summary.json").write_text("{}")
     proc = _run("compare", stub())
     assert proc.returncode == 0, proc.stderr
-    flags = _flags(stub.calls()[0][3:])
+    calls = stub.calls()
+    flags = _flags(calls[0][3:])
     assert flags["--baseline"] == [str(eval_root / "grpo_seed42")]
     assert flags["--runs"] == [str(eval_root / n) for n in ("Qwen3-1.7B-Base", "grpo_replay_seed42",
                                                              "grpo_naive_replay_seed42")]
     assert "left out" in proc.stderr and "grpo_uniform_replay_seed42" in proc.stderr
+    # Then each row's optimizer steps per rollout step, from the rehearsal reports the scripts write.
+    assert calls[1][:4] == ["-m", "openrlhf_replay.cli.rehearsal_report", "beside", "--compare"], calls
+    assert _flags(calls[1][3:]) == {"--compare": [flags["--output"][0]],
+                                    "--rehearsals": [str(tmp_path / "runs/Qwen3-1.7B-Base/rehearsal")]}
+    out = Path(flags["--output"][0])
+    assert "rehearsal_report beside" in (out / "compare_command.sh").read_text()
+
+
+def test_a_rehearsal_takes_the_solve_rate_and_keeps_its_report_where_compare_reads_it(stub, tmp_path):
+    proc = _run("train_grpo_success_replay", stub(REHEARSE=1, REHEARSE_SOLVE_RATE="0.25"))
+    assert proc.returncode == 0, proc.stderr
+    (argv,) = stub.calls()
+    assert argv[:2] == ["-m", "openrlhf_replay.cli.rehearse"]
+    options = _flags(argv[2:argv.index("--")])
+    report = tmp_path / "runs/Qwen3-1.7B-Base/rehearsal/grpo_success_replay_seed42.json"
+    assert options == {"--solve-rate": ["0.25"], "--report": [str(report)]}
+    assert argv[argv.index("--") + 1:][:3] == [str(stub.path), "-m", "openrlhf_replay.cli.train_ppo_ray"]
+    assert _run("train_grpo", stub(REHEARSE=1, SEED=3)).returncode == 0
+    (argv,) = stub.calls()  # unset: the rehearsal's own default, and the run's own name
+    assert _flags(argv[2:argv.index("--")]) == {
+        "--report": [str(tmp_path / "runs/Qwen3-1.7B-Base/rehearsal/grpo_seed3.json")]}
 
 
 def test_the_image_entry_point_runs_a_script_or_a_command(tmp_path):
