@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--success-threshold", type=float, default=0.5,
                    help="a response is a success when its reward > this, as --replay.success_threshold")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (per prompt: seed + prompt index)")
-    p.add_argument("--dtype", default="auto", help="vLLM compute dtype (auto: the machine's choice)")
+    p.add_argument("--backend", choices=("vllm", "hf"), default="vllm",
+                   help="vllm (default; the repository's engine set-up, CPU or GPU) or hf (transformers' "
+                        "generate, one prompt at a time: for small models and tests)")
+    p.add_argument("--dtype", default="auto", help="compute dtype (auto: vLLM's choice for the machine; "
+                                                   "hf: the checkpoint's own)")
     p.add_argument("--grade-batch", type=int, default=256, help="responses per reward_func call (default 256)")
     return p
 
@@ -112,6 +116,34 @@ def decode(a, prompt_ids: list[list[int]]) -> list[list[tuple[list[int], list[fl
              for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
 
 
+def decode_hf(a, prompt_ids: list[list[int]]) -> list[list[tuple[list[int], list[float]]]]:
+    """`decode` with transformers' `generate` (top-k off, as vLLM samples in training); the
+    log-probs are the model's, after temperature and top-p, of the sampled tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype="auto" if a.dtype == "auto" else a.dtype)
+    stops = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+                else [model.generation_config.eos_token_id])
+    out = []
+    for i, ids in enumerate(prompt_ids):
+        torch.manual_seed(a.seed + i)
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            g = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=a.temperature,
+                               top_p=a.top_p, top_k=0, num_return_sequences=a.samples_per_prompt,
+                               max_new_tokens=max(1, min(a.max_new_tokens, a.max_len - len(ids))),
+                               output_scores=True, return_dict_in_generate=True)
+        new = g.sequences[:, len(ids):]  # (n, T)
+        logp = torch.stack(g.scores, 1).float().log_softmax(-1).gather(-1, new[..., None]).squeeze(-1)
+        group = []
+        for row, lp in zip(new.tolist(), logp.tolist()):
+            end = next((t + 1 for t, tok in enumerate(row) if tok in stops), len(row))
+            group.append((row[:end], lp[:end]))
+        out.append(group)
+    return out
+
+
 def grade(a, tokenizer, prompts, labels, prompt_ids, responses) -> np.ndarray:
     """(P, n) rewards: `reward_func` on the decoded prompt + response (special tokens kept), the
     prompt text and the label, as upstream calls it."""
@@ -145,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     budget = max_prompt_len(a.max_len, a.max_new_tokens)
     ids = [prompt_token_ids(tokenizer, p, budget) for p in prompts]
-    responses = decode(a, ids)
+    responses = decode(a, ids) if a.backend == "vllm" else decode_hf(a, ids)
     rewards = grade(a, tokenizer, prompts, labels, ids, responses)
     uids = prompt_uids(tokenizer, prompts, budget)
     keep = [(i, j) for i in range(len(prompts)) for j in range(a.samples_per_prompt) if rewards[i, j] > a.success_threshold]
@@ -161,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     build = {"model": str(a.model), "prompts": str(a.prompts), "samples_per_prompt": a.samples_per_prompt,
              "temperature": a.temperature, "top_p": a.top_p, "max_len": a.max_len, "max_new_tokens": a.max_new_tokens,
              "reward": str(a.reward), "success_threshold": a.success_threshold, "seed": a.seed,
-             "input_key": a.input_key, "input_template": a.input_template, "apply_chat_template": a.apply_chat_template}
+             "backend": a.backend, "input_key": a.input_key, "input_template": a.input_template, "apply_chat_template": a.apply_chat_template}
     pool = SuccessPool(rollouts, uids, tokenizer_fingerprint(tokenizer), build)
     try:
         save_pool(a.out, pool, overwrite=a.overwrite)

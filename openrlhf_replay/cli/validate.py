@@ -224,6 +224,10 @@ def launch_errors(args) -> list[str]:
             errors.append(f"--data.prompt_dataset {path}: no such file (every node reads the same path)")
     errors += partial_batch_errors(args)
     errors += prompt_file_problems(args)[0]
+    if getattr(getattr(args, "replay", None), "success_pool", None):
+        from openrlhf_replay.trainer.ppo_utils.success_pool import dry_run_pool_errors
+
+        errors += dry_run_pool_errors(args)
     if not args.data.prompt_dataset:
         errors.append("--data.prompt_dataset is required: the prompts to generate rollouts from")
     if not args.actor.model_name_or_path:

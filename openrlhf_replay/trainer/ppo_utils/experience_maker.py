@@ -26,6 +26,7 @@ from openrlhf_replay.trainer.ppo_utils.experience import (
     set_advantages,
     set_row_flags,
 )
+from openrlhf_replay.trainer.ppo_utils.debug_dump import dump_step
 from openrlhf_replay.trainer.ppo_utils.reward_guard import guard_rewards
 from openrlhf_replay.utils import data_parallel_ranks
 from replay import ReplayBuffer, RolloutBatch
@@ -78,7 +79,9 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.composition = comp
         if self.replay.config.effective_off_policy in ("refresh", "recompute") and len(comp.replayed):
             self._refresh_old_log_probs([e for part in per_rank for e in part])
-        return arrange_for_ranks(fresh, per_rank)
+        batch = arrange_for_ranks(fresh, per_rank)
+        dump_step(self.step, batch, comp)
+        return batch
 
     def _refresh_old_log_probs(self, replayed: list[Experience]) -> None:
         """pi_old of replayed rows := the current policy's log-probs (the actor's forward, as upstream

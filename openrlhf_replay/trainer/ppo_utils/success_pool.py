@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import numpy as np
 
 from openrlhf_replay.trainer.ppo_utils.experience import prompt_uid
-from replay.pool import SuccessPool, SuccessPoolError, pool_mismatch
+from replay.pool import SuccessPool, SuccessPoolError, load_pool, pool_mismatch
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -49,3 +50,31 @@ def check_success_pool(pool: SuccessPool, tokenizer, prompts: list[str], budget:
     errors = pool_mismatch(pool, tokenizer_fingerprint(tokenizer), prompt_uids(tokenizer, prompts, budget))
     if errors:
         raise SuccessPoolError("; ".join(errors))
+
+
+def dry_run_pool_errors(args) -> list[str]:
+    """The trainer's start-up check of `--replay.success_pool` (`check_success_pool`), made from
+    the launch arguments for the dry run: for one local prompt file and a tokenizer that loads
+    here. Otherwise (or when the pool itself is unreadable, which the launcher reports) nothing."""
+    from openrlhf.datasets.prompts_dataset import preprocess_data
+    from transformers import AutoTokenizer
+
+    from openrlhf_replay.cli.prompts import UnreadableFile, file_rows
+    from replay import ReplayConfig
+
+    config = ReplayConfig.from_namespace(args)
+    dataset = (args.data.prompt_dataset or "").split("@")[0].strip()
+    if not config.success_pool or "," in (args.data.prompt_dataset or "") or not os.path.isfile(dataset):
+        return []
+    try:
+        pool = load_pool(config.success_pool)
+        tokenizer = AutoTokenizer.from_pretrained(args.actor.model_name_or_path)
+        rows = [row for _, row in file_rows(dataset)][: int(min(args.data.max_samples, 1e12))]
+    except (SuccessPoolError, UnreadableFile, OSError, ValueError):
+        return []
+    chat = tokenizer.apply_chat_template if args.data.apply_chat_template else None
+    prompts = [preprocess_data(row, args.data.input_template, args.data.input_key, args.data.label_key, chat)[0]
+               for row in rows]
+    budget = max_prompt_len(args.data.max_len, args.rollout.max_new_tokens)
+    return [f"--replay.success_pool: {e}" for e in
+            pool_mismatch(pool, tokenizer_fingerprint(tokenizer), prompt_uids(tokenizer, prompts, budget))]
