@@ -4,11 +4,13 @@ step by step on this CPU through all its episodes, at every supported GPU count 
 The GPU-shaped checks a launch cannot make before a GPU run: no crash at any shape (a partial
 batch at an episode's end, a replay split that leaves ranks unequal), every rank taking the same
 optimizer steps, every condition replaying what its configuration says and warming its LR up
-over the same rollout steps. Data: a subset of the scripts' real prompt file whose size is not a
+over the same rollout steps, and reporting per step what it replayed and how many optimizer steps
+it took (what compare.sh puts beside each condition's results). Data: a subset of the scripts' real prompt file whose size is not a
 multiple of the batch (560 = 4 x 128 + 48), walked over the scripts' 4 episodes with the replay
 warm-up shortened from 20 steps to 6 and checkpoints every 5 steps, so that replay, prompts coming
 back in later episodes and the rehearsal's resume all fall inside 16 steps; and the real file
 (7,474 = 58 x 128 + 50) for one episode of the method's script, its other settings as shipped.
+The stand-in solves a prompt with a probability drawn around a mean of REHEARSE_SOLVE_RATE = 0.4.
 """
 import json
 import os
@@ -17,6 +19,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -27,8 +30,14 @@ DATA = ROOT.parent / "shared/data/train/deepscaler_math_train.json"
 TRAINING = ["train_grpo", "train_grpo_replay", "train_grpo_naive_replay", "train_grpo_uniform_replay",
             "train_grpo_freshness_replay", "train_grpo_success_replay"]
 SUBSET_PROMPTS, BATCH, EPISODES, WARMUP, SAVE_STEPS = 560, 128, 4, 6, 5
+BATCH_ROWS = 256  # rollouts per training batch (one optimizer step)
 STEPS_PER_EPISODE = SUBSET_PROMPTS // BATCH  # the 48 left over are not trained on (whole batches only)
 STEPS = STEPS_PER_EPISODE * EPISODES
+SOLVE_RATE = 0.4
+# How each condition takes replayed rows' pi_old, as its launcher resolves it.
+OFF_POLICY = {"train_grpo": None, "train_grpo_replay": "stale", "train_grpo_naive_replay": "stale",
+              "train_grpo_uniform_replay": "stale", "train_grpo_freshness_replay": "stale",
+              "train_grpo_success_replay": "recompute"}
 
 
 def _rehearse(script: str, data: Path, tmp: Path, **env) -> tuple[dict, str]:
@@ -49,7 +58,8 @@ def subset_runs(tmp_path_factory):
     subset.write_text(json.dumps(json.loads(DATA.read_text())[:SUBSET_PROMPTS]))
     with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: two rehearsals at a time
         runs = pool.map(lambda s: _rehearse(s, subset, tmp, REHEARSE="all", SAVE_STEPS=str(SAVE_STEPS),
-                                            REPLAY_WARMUP=str(WARMUP)), TRAINING)
+                                            REPLAY_WARMUP=str(WARMUP), REHEARSE_SOLVE_RATE=str(SOLVE_RATE)),
+                        TRAINING)
         return dict(zip(TRAINING, runs))
 
 
@@ -85,11 +95,12 @@ def test_every_condition_replays_what_its_configuration_says(subset_runs):
         assert (replayed["min"], replayed["max"], replayed["steps_with_replay"]) == (512, 512, after), script
     assert subset_runs["train_grpo"][0]["replayed_per_step"]["steps_after_warmup"] == 0
     success, log = subset_runs["train_grpo_success_replay"]
-    # RLEP: 2 successes x 128 prompts = 256, one training batch, once the step's prompts have come
-    # back (every step here is past the first epoch) and have 256 successes stored between them.
+    # RLEP: min(2, its stored successes) of each of the step's 128 prompts, so at most 256, on every
+    # step here (each is past its prompts' first epoch, and at a solve rate of 0.4 some have successes)
     replayed = success["replayed_per_step"]
-    assert replayed["max"] == 256 and replayed["steps_with_replay"] >= after - 2, replayed
-    assert f"256 replayed successes + 1024 fresh rollouts per step after step {WARMUP}" in log  # the launch says so
+    assert 0 < replayed["min"] <= replayed["max"] <= 256 and replayed["steps_with_replay"] == after, replayed
+    assert "up to 2 successes of each of the 128 prompts" in log  # the launch says so
+    assert "pi_old of replayed rows: recompute" in log
     assert success["replay_age"]["max"] >= STEPS_PER_EPISODE  # successes outlive an epoch: no age limit
 
 
@@ -117,3 +128,105 @@ def test_the_real_dataset_is_cut_to_whole_batches_and_walked_through(tmp_path):
     assert report["steps_per_episode"] == [58] and report["steps_completed"] == 58
     assert set(report["optimizer_steps_per_rank"]) == {4 * 58 + 2 * (58 - 20)}
     assert report["resumed_at"] == 40
+
+
+@pytest.mark.parametrize("script", TRAINING)
+def test_the_report_gives_each_steps_replay_and_optimizer_steps(subset_runs, script):
+    report = subset_runs[script][0]
+    assert report["settings"]["solve_rate"] == SOLVE_RATE  # REHEARSE_SOLVE_RATE reached the stand-in
+    assert report["off_policy"] == OFF_POLICY[script]
+    replayed = report["replayed_per_step"]
+    counts = replayed["counts"]  # every rollout step from step 1, the warm-up's zeros included
+    assert len(counts) == len(replayed["candidates"]) == STEPS and counts[:WARMUP] == [0] * WARMUP
+    after = counts[WARMUP:] if script != "train_grpo" else []
+    assert replayed["steps_after_warmup"] == len(after)
+    assert replayed["histogram"] == {str(c): after.count(c) for c in sorted(set(after))}
+    if after:
+        assert (replayed["min"], replayed["max"]) == (min(after), max(after))
+        assert replayed["share_with_replay"] == round(sum(c > 0 for c in after) / len(after), 4)
+    # Each step trains its 1,024 fresh rollouts in 4 batches of 256 and its replayed ones in whole
+    # batches more; the report's mean over rollout steps is the run's total over its steps.
+    per_rank = report["optimizer_steps_per_rank"][0]
+    assert per_rank == 4 * STEPS + sum(-(-c // BATCH_ROWS) for c in counts)
+    assert report["optimizer_steps_per_step"]["mean"] == pytest.approx(per_rank / STEPS)
+
+
+def test_rlep_replays_on_nine_in_ten_steps_once_the_pool_holds_successes_of_their_prompts(subset_runs):
+    """A step counts when it is after the replay warm-up and, as it draws, the pool holds at least
+    one verified success of one of the step's prompts (the report's `candidates` >= 1: the success
+    sampler's count of such rollouts); it replays when it trains on at least one of them."""
+    report = subset_runs["train_grpo_success_replay"][0]
+    replayed = report["replayed_per_step"]
+    steps = [i for i, c in enumerate(replayed["candidates"]) if i >= WARMUP and c >= 1]
+    replaying = [i for i in steps if replayed["counts"][i] > 0]
+    assert len(steps) >= STEPS - WARMUP - 2  # every step here is past its prompts' first epoch
+    assert len(replaying) >= 0.9 * len(steps), (replayed["counts"], replayed["candidates"])
+    assert replayed["when_pool_has_candidates"] == {"steps": len(steps), "steps_with_replay": len(replaying),
+                                                    "share": round(len(replaying) / len(steps), 4)}
+
+
+def test_the_stand_ins_solve_rate_is_a_seeded_spread_around_its_mean():
+    from openrlhf_replay.cli.rehearse import Settings, solve_probability
+
+    prompts = [f"problem {i}" for i in range(4000)]
+    p = np.array([solve_probability(t, Settings(solve_rate=0.4)) for t in prompts])
+    assert abs(p.mean() - 0.4) < 0.02
+    # Beta(0.6, 0.9): U-shaped, 15% of prompts below 0.05 and 4% above 0.95 (all-wrong, all-right groups)
+    assert 0.12 < (p < 0.05).mean() < 0.19 and 0.02 < (p > 0.95).mean() < 0.07
+    assert p[:50].tolist() == [solve_probability(t, Settings(solve_rate=0.4)) for t in prompts[:50]]
+    assert p[:50].tolist() != [solve_probability(t, Settings(solve_rate=0.4, seed=1)) for t in prompts[:50]]
+    tight = np.array([solve_probability(t, Settings(solve_rate=0.4, solve_concentration=200)) for t in prompts])
+    assert abs(tight.mean() - 0.4) < 0.01 and tight.std() < 0.05
+    assert {solve_probability(t, Settings(solve_rate=0.0)) for t in prompts[:20]} == {0.0}
+    for bad, flag in (({"solve_rate": 1.5}, "--solve-rate 1.5"), ({"solve_concentration": 0}, "--solve-concentration 0")):
+        with pytest.raises(ValueError, match=flag):
+            Settings(**bad)
+
+
+def _finished_eval(label: str, correct: list[int]) -> "comparison.RunData":
+    """A finished evaluation of `label`: one sample per problem of MATH-500, correct as given."""
+    from evaluation import comparison, report
+    from evaluation.metrics import summarize
+
+    records = [dict(benchmark="math500", problem_id=str(i), sample_index=0, prompt="p", response="r",
+                    response_tokens=100 + i, truncated=False, extracted="1", gold="1",
+                    verdict="correct" if c else "incorrect") for i, c in enumerate(correct)]
+    per = summarize(records)
+    summary = {"benchmarks": per, "macro_average": report.macro(per), "run": {"model": label, "n_samples": 1},
+               "wall_time_s": 1.0}
+    return comparison.RunData(label, summary, records)
+
+
+def test_compare_puts_each_runs_optimizer_steps_beside_its_results(subset_runs, tmp_path):
+    """What compare.sh runs after `evaluation compare`: the real comparison's files, then each row's
+    rehearsal (`<run>.json`, as the scripts write them) beside it."""
+    import csv
+
+    from evaluation import comparison
+    from openrlhf_replay.cli.rehearsal_report import main
+
+    labels = {"grpo_seed42": "train_grpo", "Qwen3-1.7B-Base": None, "grpo_replay_seed42": "train_grpo_replay",
+              "grpo_success_replay_seed42": "train_grpo_success_replay", "grpo_uniform_replay_seed42": None}
+    runs = [_finished_eval(label, [(i * (k + 1)) % 3 == 0 for i in range(12)]) for k, label in enumerate(labels)]
+    out, rehearsals = tmp_path / "compare", tmp_path / "rehearsal"
+    comparison.write(out, comparison.build(runs))
+    rehearsals.mkdir()
+    for label, script in labels.items():
+        if script:
+            (rehearsals / f"{label}.json").write_text(json.dumps(subset_runs[script][0]))
+    for _ in range(2):  # a rerun replaces the section rather than adding a second one
+        assert main(["beside", "--compare", str(out), "--rehearsals", str(rehearsals)]) == 0
+    rows = {r["run"]: r for r in csv.DictReader((out / "compare_steps.csv").open())}
+    results = {r["run"]: r for r in csv.DictReader((out / "compare.csv").open())}
+    assert list(rows) == list(labels)
+    for label, script in labels.items():
+        assert (rows[label]["avg"], rows[label]["AES"]) == (results[label]["avg(1)"], results[label]["AES"])
+        expected = subset_runs[script][0]["optimizer_steps_per_step"]["mean"] if script else None
+        assert rows[label]["optimizer_steps_per_rollout_step"] == ("" if script is None else str(expected))
+    assert float(rows["grpo_seed42"]["optimizer_steps_per_rollout_step"]) == 4.0
+    assert float(rows["grpo_replay_seed42"]["optimizer_steps_per_rollout_step"]) == (64 + 10 * 2) / STEPS
+    md = (out / "compare.md").read_text()
+    assert md.count("## Optimizer steps per rollout step") == 1 and md.startswith("#")
+    assert "| Qwen3-1.7B-Base |" in md and "not trained by a launch script" in md
+    assert "not rehearsed: `REHEARSE=1 SEED=42 bash examples/scripts/train_grpo_uniform_replay.sh`" in md
+    assert "| grpo_replay_seed42 | " in md and "| 5.25 (4 / 6) | 512; 100% | stale | 0.4 |" in md
