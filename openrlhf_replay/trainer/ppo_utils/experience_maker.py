@@ -64,16 +64,11 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
         ranks = data_parallel_ranks(args)
-        replayed, weights, inert = comp.replayed, comp.weights, np.zeros(len(comp.replayed), np.bool_)
-        if comp.inert:  # RLEP's exact count, completed to whole training batches by rows without loss
-            replayed = RolloutBatch.concat([replayed, inert_rollouts(replayed, comp.inert)])
-            weights = np.r_[weights, np.zeros(comp.inert, np.float32)]
-            inert = np.r_[inert, np.ones(comp.inert, np.bool_)]
         per_rank = []
-        for idx in _rank_rows(len(replayed), ranks, strided=bool(comp.inert)):
-            part = rollouts_to_experiences(replayed.select(idx), fresh[0], args.rollout.micro_batch_size,
-                                           self.tokenizer.pad_token_id, step=self.step, is_weights=weights[idx])
-            set_row_flags(part, INERT_KEY, inert[idx])
+        for rows, weights, inert in replayed_for_ranks(comp, ranks):
+            part = rollouts_to_experiences(rows, fresh[0], args.rollout.micro_batch_size,
+                                           self.tokenizer.pad_token_id, step=self.step, is_weights=weights)
+            set_row_flags(part, INERT_KEY, inert)
             per_rank.append(part)
         self.replay_seconds = time.perf_counter() - t0
         self.composition = comp
@@ -104,6 +99,19 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
             exp.action_log_probs = log_probs.to(exp.action_log_probs.dtype)
             if no_weight and exp.rollout_log_probs is not None:
                 exp.rollout_log_probs = exp.action_log_probs.clone()
+
+
+def replayed_for_ranks(comp, ranks: int) -> list[tuple[RolloutBatch, np.ndarray, np.ndarray]]:
+    """Each rank's replayed rows, their importance weights and inert flags (bool): the step's
+    replayed rollouts, plus the inert rows that complete RLEP's exact count to whole training
+    batches (`comp.inert`), shared out every ranks-th row; without inert rows, contiguous slices."""
+    replayed, weights, inert = comp.replayed, comp.weights, np.zeros(len(comp.replayed), np.bool_)
+    if comp.inert:
+        replayed = RolloutBatch.concat([replayed, inert_rollouts(replayed, comp.inert)])
+        weights = np.r_[weights, np.zeros(comp.inert, np.float32)]
+        inert = np.r_[inert, np.ones(comp.inert, np.bool_)]
+    return [(replayed.select(idx), weights[idx], inert[idx])
+            for idx in _rank_rows(len(replayed), ranks, strided=bool(comp.inert))]
 
 
 def _split_even(batch: RolloutBatch, weights: np.ndarray, parts: int):

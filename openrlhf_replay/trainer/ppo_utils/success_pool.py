@@ -54,8 +54,8 @@ def check_success_pool(pool: SuccessPool, tokenizer, prompts: list[str], budget:
 
 def dry_run_pool_errors(args) -> list[str]:
     """The trainer's start-up check of `--replay.success_pool` (`check_success_pool`), made from
-    the launch arguments for the dry run: for one local prompt file and a tokenizer that loads
-    here. Otherwise (or when the pool itself is unreadable, which the launcher reports) nothing."""
+    the launch arguments for the dry run: for one local prompt file and a tokenizer found on this
+    machine. Otherwise (or when the pool itself is unreadable, which the launcher reports) nothing."""
     from openrlhf.datasets.prompts_dataset import preprocess_data
     from transformers import AutoTokenizer
 
@@ -68,7 +68,8 @@ def dry_run_pool_errors(args) -> list[str]:
         return []
     try:
         pool = load_pool(config.success_pool)
-        tokenizer = AutoTokenizer.from_pretrained(args.actor.model_name_or_path)
+        # A dry run never waits on the network: a hub id is checked only from the local cache.
+        tokenizer = AutoTokenizer.from_pretrained(args.actor.model_name_or_path, local_files_only=True)
         rows = [row for _, row in file_rows(dataset)][: int(min(args.data.max_samples, 1e12))]
     except (SuccessPoolError, UnreadableFile, OSError, ValueError):
         return []
