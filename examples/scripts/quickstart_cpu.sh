@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # CPU quickstart: GRPO with advantage-prioritised replay on GSM8K through the real OpenRLHF 0.11.2
-# pipeline (Ray, a vLLM CPU engine, DeepSpeed over gloo, weight sync to vLLM), then a small
-# evaluation of the trained model on the five math benchmarks. No GPU, no network.
+# pipeline (Ray, a vLLM CPU engine, DeepSpeed over gloo, weight sync to vLLM), then the model
+# before and after training on held-out problems of the training task (the paired difference with
+# its 95% interval and p-value), and the trained model on the five math benchmarks. No GPU, no
+# network. The output ends with the before/after table.
 #
 #   bash examples/scripts/quickstart_cpu.sh
 #
@@ -17,7 +19,10 @@
 #            run stops before training and says which file is missing), GSM8K in train/
 #   RUN_DIR  where everything goes (default runs/quickstart_cpu/<date-time>)
 #   STEPS    GRPO steps (default 4)        EVAL_LIMIT  problems per benchmark (default 2)
-#   EVAL=0   skip the evaluation
+#   LR       learning rate (default 2e-5)  SEED  training and held-out sampling seed (default 42)
+#   HELDOUT  held-out problems (default 0: every arithmetic problem not trained on, 146; GSM8K: 64)
+#   HELDOUT_SAMPLES  samples per held-out problem (default 4)
+#   EVAL=0   skip the evaluation (held-out and benchmarks)
 #   MAX_NEW_TOKENS (48; GSM8K: 200, 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (128)
 #   OPENRLHF_REPLAY_CPU_DTYPE  compute dtype of training, generation and evaluation: auto (default:
 #            bf16 where the CPU has avx512_bf16 / amx_bf16, fp32 elsewhere, where bf16 is emulated
@@ -44,6 +49,10 @@ RUN_DIR=${RUN_DIR:-$root/runs/quickstart_cpu/$(date +%Y%m%d-%H%M%S)}
 STEPS=${STEPS:-4}
 EVAL_LIMIT=${EVAL_LIMIT:-2}
 EVAL=${EVAL:-1}
+LR=${LR:-2e-5}
+SEED=${SEED:-42}
+HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-4}
+if [ "$DATA" = arithmetic ]; then HELDOUT=${HELDOUT:-0}; else HELDOUT=${HELDOUT:-64}; fi
 PROMPTS_PER_STEP=4
 SAMPLES_PER_PROMPT=4
 if [ "$DATA" = arithmetic ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-48}
@@ -120,10 +129,10 @@ run_logged "$RUN_DIR/train.log" "$python" -m openrlhf_replay.cli.train_ppo_ray \
   --ds.attn_implementation sdpa --ds.zero_stage 0 --ds.param_dtype bf16 \
   --actor.num_gpus_per_node 1 --ref.num_gpus_per_node 1 \
   --algo.advantage.estimator group_norm --algo.kl.init_coef 0 \
-  --actor.eps_clip_low_high 0.2 0.28 --actor.adam.lr 1e-6 --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
+  --actor.eps_clip_low_high 0.2 0.28 --actor.adam.lr "$LR" --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
   --rollout.batch_size $PROMPTS_PER_STEP --rollout.n_samples_per_prompt $SAMPLES_PER_PROMPT \
   --rollout.micro_batch_size 8 --rollout.max_new_tokens "$MAX_NEW_TOKENS" --rollout.temperature "$TEMPERATURE" \
-  --train.batch_size 8 --train.micro_batch_size 8 --train.num_episodes 1 \
+  --train.batch_size 8 --train.micro_batch_size 8 --train.num_episodes 1 --train.seed "$SEED" \
   --replay.mode advantage --replay.warmup 1 --replay.ratio 0.5 \
   --ckpt.path "$RUN_DIR/checkpoints" --ckpt.save_steps "$STEPS" --ckpt.output_dir "$RUN_DIR/model" \
   --logger.tensorboard_dir "$RUN_DIR/tensorboard" --logger.wandb.run_name train \
@@ -135,12 +144,14 @@ ls "$RUN_DIR"/checkpoints/_replay/*.npz >/dev/null 2>&1 ||
 say "trained model: $RUN_DIR/model; checkpoint (replay state in _replay/): $RUN_DIR/checkpoints"
 
 if [ "$EVAL" = 1 ]; then
-  say "5/5 evaluation: $EVAL_LIMIT problems of each of the five benchmarks, greedy, up to $EVAL_MAX_NEW_TOKENS tokens"
+  say "5/5 evaluation: the model before and after training on held-out problems ($HELDOUT_SAMPLES samples each, temperature $TEMPERATURE, up to $MAX_NEW_TOKENS tokens), then $EVAL_LIMIT problems of each of the five benchmarks, greedy, up to $EVAL_MAX_NEW_TOKENS tokens"
   # The CPU platform's OpenMP settings (openrlhf_replay/cpu/__init__.py) for the evaluation too; the
   # harness places vLLM's model itself (evaluation/hardware.py:VLLM_CPU_PROCESS_ENV).
-  run_logged "$RUN_DIR/eval.log" env OMP_WAIT_POLICY=PASSIVE \
-    OMP_NUM_THREADS="$(nproc)" "$python" -m evaluation run --model "$RUN_DIR/model" --output-dir "$RUN_DIR/eval" \
-    --limit "$EVAL_LIMIT" --max-new-tokens "$EVAL_MAX_NEW_TOKENS" --backend vllm \
+  run_logged "$RUN_DIR/eval.log" env OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS="$(nproc)" \
+    "$python" -m openrlhf_replay.cpu.quickstart evaluate --base "$model_dir" --trained "$RUN_DIR/model" \
+    --prompts "$RUN_DIR/prompts.jsonl" --source "$DATA" --out "$RUN_DIR/heldout" --problems "$HELDOUT" \
+    --samples "$HELDOUT_SAMPLES" --temperature "$TEMPERATURE" --max-new-tokens "$MAX_NEW_TOKENS" --seed "$SEED" \
+    --benchmarks-out "$RUN_DIR/eval" --limit "$EVAL_LIMIT" --benchmark-max-new-tokens "$EVAL_MAX_NEW_TOKENS" \
     || fail "evaluation stopped: $(diagnose "$RUN_DIR/eval.log")
   full log: $RUN_DIR/eval.log"
   echo
@@ -158,3 +169,8 @@ cat <<EOF
 EOF
 [ "$EVAL" != 1 ] ||
   echo "  evaluation        $RUN_DIR/eval  (report.md, summary.json, samples.jsonl; log: $RUN_DIR/eval.log)"
+if [ "$EVAL" = 1 ]; then
+  echo "  held-out samples  $RUN_DIR/heldout  (before.jsonl, after.jsonl, comparison.json, table.md)"
+  echo
+  cat "$RUN_DIR/heldout/table.md"
+fi

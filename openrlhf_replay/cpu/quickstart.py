@@ -142,6 +142,16 @@ ARITHMETIC = "arithmetic"
 SHORT_INSTRUCTION = "Answer with the number only, within \\boxed{}."
 
 
+def _arithmetic_problem(kind: str, a: int, b: int) -> dict:
+    """One problem, {"id", "prompt", "label"}: `What is a + b?` ("add"), or the word problem that
+    takes b from a + b ("sub")."""
+    if kind == "add":
+        question, answer = f"What is {a} + {b}?", a + b
+    else:
+        question, answer = f"Tom has {a + b} apples and gives away {b}. How many apples does Tom have left?", a
+    return {"id": f"{kind}-{a}-{b}", "prompt": f"{question}\n{SHORT_INSTRUCTION}", "label": str(answer)}
+
+
 def arithmetic_rows(n: int, seed: int = 0) -> list[dict]:
     """`n` one-step problems with single-digit operands, alternately `What is a + b?` and a word
     problem with a subtraction, as OpenRLHF prompts {"prompt", "label"}: the quickstart's default.
@@ -154,12 +164,14 @@ def arithmetic_rows(n: int, seed: int = 0) -> list[dict]:
     rows = []
     for i in range(n):
         a, b = rng.randint(1, 9), rng.randint(1, 9)
-        if i % 2 == 0:
-            question, answer = f"What is {a} + {b}?", a + b
-        else:
-            question, answer = f"Tom has {a + b} apples and gives away {b}. How many apples does Tom have left?", a
-        rows.append({"prompt": f"{question}\n{SHORT_INSTRUCTION}", "label": str(answer)})
-    return rows
+        rows.append(_arithmetic_problem("add" if i % 2 == 0 else "sub", a, b))
+    return [{"prompt": r["prompt"], "label": r["label"]} for r in rows]
+
+
+def arithmetic_pool() -> list[dict]:
+    """Every problem `arithmetic_rows` can write (81 sums, 81 subtractions), {"id", "prompt", "label"}:
+    what the held-out problems are drawn from."""
+    return [_arithmetic_problem(kind, a, b) for a in range(1, 10) for b in range(1, 10) for kind in ("add", "sub")]
 
 
 def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -> int:
@@ -191,6 +203,64 @@ def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -
     if easiest:
         rows = sorted(rows, key=lambda r: r["_difficulty"])[:n]  # stable: ties keep file order
     return _write_prompts(rows, out)
+
+
+def heldout_pool(source: str | Path, n_train: int, n_heldout: int) -> list[dict]:
+    """The problems held-out ones are drawn from, {"id", "prompt", "label"}: every arithmetic
+    problem, or GSM8K's `n_train + n_heldout` easiest (the training set is their first `n_train`)."""
+    if str(source) == ARITHMETIC:
+        return arithmetic_pool()
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"quickstart-pool-{os.getpid()}.jsonl"
+    try:
+        prepare_data(source, out, n_train + n_heldout, easiest=True)
+        rows = [json.loads(line) for line in out.read_text("utf-8").splitlines()]
+    finally:
+        out.unlink(missing_ok=True)
+    return [{"id": f"gsm8k-easiest-{i}", **row} for i, row in enumerate(rows)]
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    """The model before training and after it on held-out problems of the training task (files
+    and table in `args.out`, see `heldout`), then the trained model on the five benchmarks into
+    `args.benchmarks_out` (the harness's `run`), in one process so that torch and vLLM are
+    imported once. Returns the before/after comparison."""
+    import logging
+
+    from openrlhf_replay.cpu import heldout
+
+    train = [line for line in args.prompts.read_text("utf-8").splitlines() if line.strip()]
+    try:
+        problems = heldout.held_out(heldout_pool(args.source, len(train), args.problems), args.prompts,
+                                    args.problems, args.seed)
+    except ValueError as e:
+        raise QuickstartError(f"{e} (HELDOUT)") from None
+    settings = dict(samples=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                    seed=args.seed)
+    print(f"evaluation: {len(problems)} held-out problems x {args.samples} samples, temperature "
+          f"{args.temperature}, up to {args.max_new_tokens} tokens: the model before training", flush=True)
+    before = heldout.evaluate(args.base, problems, args.out / "before.jsonl", **settings)
+    print("evaluation: the same problems and sampling seeds, the model after training", flush=True)
+    after = heldout.evaluate(args.trained, problems, args.out / "after.jsonl", **settings)
+    result = heldout.compare(before, after, seed=args.seed)
+    what = "one-step arithmetic" if str(args.source) == ARITHMETIC else "GSM8K"
+    (args.out / "comparison.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (args.out / "table.md").write_text(heldout.table(result, what), encoding="utf-8")
+    lo, hi = result["ci"]
+    print(f"evaluation: held-out accuracy {100 * result['before']:.1f}% before, {100 * result['after']:.1f}% after: "
+          f"{100 * result['diff']:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {result['p']:.2g}",
+          flush=True)
+    if args.benchmarks_out:
+        from evaluation.cli import RunOptions, run
+        from evaluation.errors import UserError
+
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+        logging.getLogger("evaluation").setLevel(logging.INFO)
+        try:
+            run(RunOptions(model=str(args.trained), output_dir=args.benchmarks_out, limit=args.limit,
+                           max_new_tokens=args.benchmark_max_new_tokens, backend="vllm"))
+        except UserError as e:
+            raise QuickstartError(str(e)) from None
+    return result
 
 
 def _write_prompts(rows: list[dict], out: Path) -> int:
@@ -328,6 +398,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, required=True)
     p.add_argument("--easiest", action="store_true",
                    help="the n easiest: single-digit answers first, then the shortest reference solutions")
+    p = sub.add_parser("evaluate", help="before/after training on held-out problems, then the five benchmarks")
+    p.add_argument("--base", type=Path, required=True, help="the model directory training started from")
+    p.add_argument("--trained", type=Path, required=True, help="the trained model's directory")
+    p.add_argument("--prompts", type=Path, required=True, help="the training prompts (held-out problems exclude them)")
+    p.add_argument("--source", required=True, help="what the training prompts came from (prepare-data's --source)")
+    p.add_argument("--out", type=Path, required=True, help="folder for before.jsonl, after.jsonl, table.md")
+    p.add_argument("--problems", type=int, required=True, help="held-out problems (0: every one not trained on)")
+    p.add_argument("--samples", type=int, required=True, help="samples per held-out problem")
+    p.add_argument("--temperature", type=float, required=True, help="sampling temperature (the rollouts')")
+    p.add_argument("--max-new-tokens", type=int, required=True, help="token limit per sample (the rollouts')")
+    p.add_argument("--seed", type=int, default=0, help="which problems are drawn and their sampling seeds")
+    p.add_argument("--benchmarks-out", type=Path, default=None,
+                   help="evaluate the trained model on the five benchmarks into this folder (unset: skip)")
+    p.add_argument("--limit", type=int, default=2, help="problems per benchmark")
+    p.add_argument("--benchmark-max-new-tokens", type=int, default=128, help="token limit on the benchmarks (greedy)")
     p = sub.add_parser("diagnose", help="what stopped a run, from its log")
     p.add_argument("--log", type=Path, required=True)
     p = sub.add_parser("progress")
@@ -349,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
             kind = ("one-step arithmetic" if args.source == ARITHMETIC
                     else "GSM8K (the easiest)" if args.easiest else "GSM8K")
             print(f"{n} {kind} problems -> {args.out}")
+        elif args.command == "evaluate":
+            evaluate(args)
         elif args.command == "diagnose":
             print(diagnose(args.log))
         elif args.command == "progress":
