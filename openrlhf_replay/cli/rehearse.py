@@ -242,7 +242,7 @@ class Shadow:
         do with the step's fresh and replayed rows at this shape."""
         import ray
 
-        from openrlhf_replay.trainer.ppo_utils.experience_maker import _rank_rows, arrange_for_ranks
+        from openrlhf_replay.trainer.ppo_utils.experience_maker import arrange_for_ranks, replayed_for_ranks
         from openrlhf_replay.utils import data_parallel_ranks
 
         if self.crash:
@@ -253,10 +253,9 @@ class Shadow:
             ray.get(self.group.async_run_method_batch(method_name="forward", sequences=fresh))
             batch = fresh
             if composition is not None:
-                # RLEP's exact count travels with the inert rows that complete its last training batch.
-                n, inert = len(composition.replayed) + composition.inert, bool(composition.inert)
+                # The experience maker's own split (with RLEP's inert rows), at this shape's rank count.
                 per_rank = [[_Stub(min(micro, len(rows) - lo), True) for lo in range(0, len(rows), micro)]
-                            for rows in _rank_rows(n, data_parallel_ranks(self.args), strided=inert)]
+                            for rows, _, _ in replayed_for_ranks(composition, data_parallel_ranks(self.args))]
                 batch = arrange_for_ranks(fresh, per_rank)
             ray.get(self.group.async_run_method_batch(method_name="append", experience=batch))
             ray.get(self.group.async_run_method(method_name="fit"))
