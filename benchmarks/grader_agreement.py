@@ -13,8 +13,10 @@ grades otherwise on purpose; the field says why.
 Graders compared, each agreeing with a case when it says CORRECT exactly when the suite expects a
 match (TIMEOUT and UNPARSEABLE count as "no match"):
 - grade: `evaluation.grader`, in a `Grader` pool (what `grade()` runs);
-- math-verify: `verify(parse("$gold$"), parse(response))` with math-verify's defaults, the gold
-  wrapped as `grade()` wraps it and the response extracted by math-verify alone;
+- math-verify: `verify(parse("$gold$"), parse(response))` with math-verify's defaults (its
+  timeouts off), the gold wrapped as `grade()` wraps it and the response extracted by math-verify
+  alone. `--record-math-verify` stores these verdicts in the case file (field `math_verify`), so
+  the test compares against them without grading every case twice;
 - peers (optional): `mathruler` (EasyR1's packaged grader: last box, then `grade_answer`),
   `prime_math` and `math_dapo` (verl's reward functions `compute_score`). verl's package
   `__init__` needs its training stack, so its reward modules are loaded without it.
@@ -52,6 +54,8 @@ class Case:
     note: str = ""
     deliberate: str = ""
     """Why this project grades the case otherwise on purpose; empty when it does not."""
+    math_verify: bool | None = None
+    """math-verify 0.9.0 alone's match, as `--record-math-verify` measured it (None: not yet)."""
 
 
 def load_cases(path: Path = CASES) -> list[Case]:
@@ -72,20 +76,25 @@ def load_cases(path: Path = CASES) -> list[Case]:
 
 # ---- the graders -------------------------------------------------------------------------
 
-def grade_matches(cases: list[Case], workers: int = 2) -> list[bool]:
-    """Whether `evaluation.grader` says CORRECT for each case, graded in one pool batch."""
+def grade_matches(cases: list[Case], workers: int = 2, timeout_s: float = 30.0) -> list[bool]:
+    """Whether `evaluation.grader` says CORRECT for each case, graded in one pool batch with a
+    per-sample limit of `timeout_s` (roomier than the default 10 s: on a loaded machine a few
+    cases take longer, and a TIMEOUT would measure the load, not the grader)."""
     sys.path.insert(0, str(REPO))
     from evaluation.grader import Grader, Verdict
 
-    with Grader(workers=workers) as pool:
+    with Grader(workers=workers, timeout_s=timeout_s) as pool:
         graded = pool.grade_many_detailed([(c.response, c.gold) for c in cases])
     return [g.verdict is Verdict.CORRECT for g in graded]
 
 
 def _math_verify_alone(response: str, gold: str) -> bool:
+    """math-verify's own extraction and comparison, its timeouts off: they only fire on a loaded
+    machine, and a verdict should not depend on the load (the pool's PEER_TIMEOUT_S bounds it)."""
     from math_verify import parse, verify
 
-    return bool(verify(parse(f"${' '.join(gold.split())}$"), parse(response)))
+    gold_parsed = parse(f"${' '.join(gold.split())}$", parsing_timeout=None)
+    return bool(verify(gold_parsed, parse(response, parsing_timeout=None), timeout_seconds=None))
 
 
 def _mathruler(response: str, gold: str) -> bool:
@@ -157,6 +166,16 @@ def pool_matches(fn_name: str, cases: list[Case], workers: int = 2) -> list[bool
     return out
 
 
+def record_math_verify(path: Path, verdicts: list[bool]) -> None:
+    """Rewrite the case file with each case's `math_verify` field set, lines otherwise as they were."""
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    if len(rows) != len(verdicts):
+        raise ValueError(f"{path} has {len(rows)} cases, {len(verdicts)} verdicts were given")
+    with open(path, "w", encoding="utf-8") as f:
+        for row, verdict in zip(rows, verdicts):
+            f.write(json.dumps({**row, "math_verify": verdict}, ensure_ascii=False) + "\n")
+
+
 # ---- the table ---------------------------------------------------------------------------
 
 def agreement_table(cases: list[Case], matches: dict[str, list[bool]]) -> str:
@@ -191,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peer-path", action="append", default=[],
                    help="a folder to put on sys.path for the peers (e.g. a pip --target folder)")
     p.add_argument("--misses", action="store_true", help="list the cases grade() disagrees on")
+    p.add_argument("--record-math-verify", action="store_true",
+                   help="write math-verify alone's verdicts into the case file's math_verify field")
     args = p.parse_args(argv)
     sys.path[:0] = args.peer_path
     cases = load_cases(args.cases)
@@ -198,6 +219,8 @@ def main(argv: list[str] | None = None) -> None:
                "math-verify": pool_matches("math-verify", cases, args.workers)}
     for peer in args.peer:
         matches[peer] = pool_matches(peer, cases, args.workers)
+    if args.record_math_verify:
+        record_math_verify(args.cases, matches["math-verify"])
     print(f"{len(cases)} cases from {len({c.source for c in cases})} sources\n")
     print(agreement_table(cases, matches))
     if args.misses:

@@ -19,11 +19,16 @@ SIGKILLed by Linux when the pool's dispatcher thread ends, so none outlives its 
 `grade_detailed` is the step they run: in-process, unbounded, with math-verify's own
 `signal.alarm` timeouts off (they fail off the main thread).
 
-Answer extraction: the last non-empty brace-matched `\\boxed{}` of the response (a trailing
-period inside it dropped); when there is none, math-verify's own extraction over the whole
-response. A plain number in e-notation
-("4.5e33", how 58 Minerva golds are written) is rewritten to `4.5 \\times 10^{33}` on both
-sides, because math-verify reads "4.5e33" as 4.5 * e * 33.
+Answer extraction (`extract_answer`): math-verify's own extraction over the whole response, after
+`evaluation.extraction.prepare_response` has tidied it: boxes before the final run of boxes are
+unboxed (the final box wins; several boxes joined by commas or "and" are one answer, graded as
+math-verify grades them), empty boxes removed, mixed numbers ("4 4/9") made one fraction, and a few
+notations math-verify misreads rewritten (e-notation, `\\mathrm{e}`, `\\bigl(`, "[90]"). An
+extraction with unbalanced braces (cut inside an expression) is never compared; when math-verify
+finds nothing usable, the last complete box is parsed alone. The gold is wrapped in `$...$`.
+
+`shared_grader()` (behind `grade()`) also keeps a fast-lane worker that takes only samples whose
+gold and last box are plain numbers, so a plain answer is never queued behind pathological ones.
 """
 from __future__ import annotations
 
@@ -37,7 +42,6 @@ import logging
 import math
 import multiprocessing.connection
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -54,6 +58,7 @@ from pathlib import Path
 from typing import Iterable
 
 from evaluation.benchmarks import extract_boxed
+from evaluation.extraction import is_balanced, looks_plain, prepare_gold, prepare_response
 
 logger = logging.getLogger(__name__)
 
@@ -82,15 +87,6 @@ class Graded:
     (or the sample timed out)."""
 
 
-_SCIENTIFIC = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*[eE]\s*([-+]?\d+)\s*")
-
-
-def _unscientific(answer: str) -> str:
-    """'4.5e33' -> '4.5 \\times 10^{33}'; anything but a lone e-notation number is unchanged."""
-    match = _SCIENTIFIC.fullmatch(answer)
-    return f"{match[1]} \\times 10^{{{match[2]}}}" if match else answer
-
-
 class _DropTimeoutDisabledWarning(logging.Filter):
     """math-verify warns once per process that its timeouts are off; here that is by design."""
 
@@ -111,25 +107,36 @@ def _parse(text: str) -> list:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(gold: str) -> tuple:
-    # Cached: every one of a problem's n samples is graded against the same gold. Inline `$`
-    # math cannot span lines, so newlines become spaces.
-    return tuple(_parse(f"${_unscientific(' '.join(gold.split()))}$"))
+    # Cached: every one of a problem's n samples is graded against the same gold.
+    return tuple(_parse(prepare_gold(gold)))
 
 
-def extract_answer(response: str) -> tuple[list, str | None]:
-    """(math-verify parse result, normalised answer string) for `response`; ([], None) when
-    nothing can be extracted."""
-    boxed = extract_boxed(response, skip_empty=True)
-    # A period closing the sentence sometimes lands inside the box ("\\boxed{5.}").
-    boxed = re.sub(r"\.\s*$", "", boxed) if boxed is not None else None
-    parsed = _parse(f"\\boxed{{{_unscientific(boxed)}}}") if boxed and boxed.strip() else []
-    if not parsed:
-        parsed = _parse(response)
+def _checked(parsed: list) -> tuple[list, str | None]:
+    """(parse result, its normalised answer string), or ([], None) when nothing was extracted or
+    the extraction was cut inside an expression (unbalanced braces): that is never compared."""
     if not parsed:
         return [], None
     # With fallback_mode="first_match", parse appends the matched string after any expression.
     text = next((p for p in parsed if isinstance(p, str)), None)
-    return parsed, text if text is not None else str(parsed[0])
+    text = text if text is not None else str(parsed[0])
+    return (parsed, text) if is_balanced(text) else ([], None)
+
+
+def extract_answer(response: str) -> tuple[list, str | None]:
+    """(math-verify parse result, normalised answer string) for `response`; ([], None) when
+    nothing can be extracted.
+
+    math-verify's own extraction runs on the prepared response (`extraction.prepare_response`),
+    so several boxes, "final answer is" sentences and its other anchors count as it counts them.
+    When it finds nothing, or only a cut expression, the last complete box is parsed alone.
+    """
+    text = prepare_response(response)
+    parsed, extracted = _checked(_parse(text))
+    if not parsed:
+        boxed = extract_boxed(text, skip_empty=True)
+        if boxed and boxed.strip():
+            parsed, extracted = _checked(_parse(f"\\boxed{{{boxed}}}"))
+    return parsed, extracted
 
 
 def grade_detailed(response: str, gold: str) -> Graded:
@@ -153,7 +160,8 @@ DEFAULT_TIMEOUT_S = 10.0
 """`grade()`'s limit when a call gives none, and the per-sample limit of `shared_grader()` (read
 when that pool starts). Assign to change it for the whole process."""
 SHARED_POOL_WORKERS: int | None = None
-"""Worker processes of `shared_grader()`; None: min(4, CPUs). Read when that pool starts."""
+"""General worker processes of `shared_grader()`; None: min(4, CPUs). Read when that pool starts.
+The pool has one more, its fast-lane worker (see `Grader`)."""
 _GRACE_S = 1.0
 """How long past its deadline `grade()` waits for the pool's TIMEOUT before giving it itself."""
 
@@ -162,7 +170,8 @@ def grade(response: str, gold: str, *, timeout_s: float | None = None) -> Verdic
     """The verdict for one response (see `grade_detailed`), or TIMEOUT if none within `timeout_s`.
 
     The limit counts from this call: waiting for a free worker and, on a process's first call,
-    the pool's start-up (~1.5 s) are inside it. A gold answer math-verify cannot parse raises
+    the pool's start-up (~1.5 s) are inside it. A sample whose gold and last box are plain numbers
+    also has the pool's fast-lane worker, which pathological samples never hold. A gold answer math-verify cannot parse raises
     ValueError; workers that cannot start raise GraderStartupError.
     """
     limit = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
@@ -190,7 +199,8 @@ def shared_grader() -> Grader:
     global _shared
     with _shared_lock:
         if _shared is None or not _shared.usable:
-            _shared = Grader(workers=SHARED_POOL_WORKERS, timeout_s=DEFAULT_TIMEOUT_S)
+            _shared = Grader(workers=SHARED_POOL_WORKERS, timeout_s=DEFAULT_TIMEOUT_S,
+                             fast_lane=True)
             _shared.start()
         return _shared
 
@@ -265,12 +275,16 @@ class _Task:
     """Seconds of a worker's time, counted from when a worker takes the task."""
     deadline: float
     """time.monotonic() by which the task needs a verdict, queueing included (inf: none)."""
+    fast: bool = False
+    """Cheap to grade (`extraction.looks_plain`): a fast-lane worker may take it."""
 
 
 class _Worker:
     """One worker process, the pool's end of its socket, and the task it is busy with (if any)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fast_lane: bool = False) -> None:
+        self.fast_lane = fast_lane
+        """Takes only tasks marked fast, so pathological samples never hold it."""
         if not sys.executable:
             raise GraderStartupError("sys.executable is empty: no Python to start workers with")
         ours, theirs = socket.socketpair()
@@ -341,6 +355,10 @@ class Grader:
     (`MAX_FAILED_STARTS` in a row), every queued and later sample fails with GraderStartupError.
     A Grader belongs to the process that made it: after a fork, make a new one (`grade()` and
     `shared_grader()` do). Counters: `n_timeouts`, `n_crashes`.
+
+    With `fast_lane`, one more worker takes only samples that are cheap to grade (gold and last
+    box plain numbers, `extraction.looks_plain`); the others take any sample, oldest first. The
+    verdict never depends on which worker grades a sample.
     """
 
     STARTUP_LIMIT_S = 120.0
@@ -348,18 +366,22 @@ class Grader:
     MAX_FAILED_STARTS = 3
     """Consecutive failed starts after which the Grader gives up."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(self, workers: int | None = None, timeout_s: float = 10.0,
+                 fast_lane: bool = False) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.n_workers = workers if workers is not None else min(4, os.cpu_count() or 1)
         if self.n_workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.timeout_s = timeout_s
+        self.fast_lane = fast_lane
         self.n_timeouts = 0
         self.n_crashes = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._pending: collections.OrderedDict[int, _Task] = collections.OrderedDict()
+        # Ids of queued fast tasks, oldest first; an id whose task has left _pending is skipped.
+        self._fast_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, task id), queued tasks
         self._ids = itertools.count()
         self._workers: list[_Worker] = []  # replaced and changed only by the dispatcher
@@ -407,6 +429,7 @@ class Grader:
         limit = self.timeout_s if timeout_s is None else timeout_s
         if not limit > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        fast = self.fast_lane and looks_plain(response, gold)  # outside the lock: a regex scan
         future: Future = Future()
         future.set_running_or_notify_cancel()  # no cancelling: every sample gets a verdict
         with self._lock:
@@ -415,8 +438,10 @@ class Grader:
             if self._closing:
                 raise RuntimeError("Grader is closed")
             task = _Task(next(self._ids), future, response, gold, limit,
-                         math.inf if deadline is None else deadline)
+                         math.inf if deadline is None else deadline, fast)
             self._pending[task.id] = task
+            if fast:
+                self._fast_ids[task.id] = None
             if deadline is not None:
                 heapq.heappush(self._deadlines, (deadline, task.id))
         self.start()
@@ -431,6 +456,19 @@ class Grader:
     def grade_many(self, pairs: Iterable[tuple[str, str]]) -> list[Verdict]:
         """The verdict for each (response, gold) pair, in input order."""
         return [g.verdict for g in self.grade_many_detailed(pairs)]
+
+    def wait_until_ready(self, timeout_s: float = 120.0) -> None:
+        """Start the workers if need be and block until every one has started (TimeoutError
+        after `timeout_s`); `grade()`'s first call otherwise counts their start-up."""
+        self.start()
+        deadline = time.monotonic() + timeout_s
+        expected = self.n_workers + self.fast_lane
+        while not (len(self._workers) == expected and all(w.ready for w in list(self._workers))):
+            if self._broken is not None:
+                raise self._broken
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"grader workers not ready after {timeout_s:.0f} s")
+            time.sleep(0.02)
 
     def worker_pids(self, grading: bool = False) -> list[int]:
         """Process ids of the current workers (ready or starting); with `grading`, only of those
@@ -483,6 +521,8 @@ class Grader:
         error: BaseException = RuntimeError("Grader closed before this sample was graded")
         try:
             workers.extend(_Worker() for _ in range(self.n_workers))
+            if self.fast_lane:
+                workers.append(_Worker(fast_lane=True))
             failed_starts = 0
             while not self._closing:
                 self._expire_queued()
@@ -504,7 +544,7 @@ class Grader:
                         raise GraderStartupError(
                             f"grader workers failed to start {failed_starts} times in a row; "
                             f"last error: {w.error}")
-                    workers[i] = _Worker()
+                    workers[i] = _Worker(fast_lane=w.fast_lane)
                 if any(w.ready for w in workers):
                     failed_starts = 0
         except BaseException as e:  # never leave a future unresolved
@@ -519,6 +559,7 @@ class Grader:
                 w.stop()
             with self._lock:
                 pending, self._pending = list(self._pending.values()), collections.OrderedDict()
+                self._fast_ids.clear()
             for task in pending:
                 task.future.set_exception(error)
 
@@ -527,7 +568,9 @@ class Grader:
         now, expired = time.monotonic(), []
         with self._lock:
             while self._deadlines and self._deadlines[0][0] <= now:
-                task = self._pending.pop(heapq.heappop(self._deadlines)[1], None)
+                task_id = heapq.heappop(self._deadlines)[1]
+                task = self._pending.pop(task_id, None)
+                self._fast_ids.pop(task_id, None)
                 if task is not None:  # else it was taken by a worker in time
                     expired.append(task)
         for task in expired:
@@ -535,14 +578,15 @@ class Grader:
             task.future.set_result(Graded(Verdict.TIMEOUT, None))
 
     def _assign(self) -> None:
-        """Hand queued tasks to ready, idle workers and start their clocks."""
+        """Hand queued tasks to ready, idle workers and start their clocks: a fast-lane worker
+        takes the oldest fast task, any other worker the oldest task."""
         for w in self._workers:
             if not (w.ready and w.task is None):
                 continue
             with self._lock:
-                if not self._pending:
-                    return
-                _, task = self._pending.popitem(last=False)
+                task = self._next_task(w.fast_lane)
+            if task is None:
+                continue
             try:
                 w.conn.send((task.id, task.response, task.gold))
             except OSError:  # the worker just died: _service replaces it
@@ -551,11 +595,28 @@ class Grader:
             w.task, w.took = task, False
             w.deadline = min(time.monotonic() + task.limit_s, task.deadline)
 
+    def _next_task(self, fast_only: bool) -> _Task | None:
+        """Pop the oldest queued task (the oldest fast one with `fast_only`); call under the lock."""
+        if not fast_only:
+            if not self._pending:
+                return None
+            _, task = self._pending.popitem(last=False)
+            self._fast_ids.pop(task.id, None)
+            return task
+        while self._fast_ids:
+            task = self._pending.pop(self._fast_ids.popitem(last=False)[0], None)
+            if task is not None:
+                return task
+        return None
+
     def _requeue(self, task: _Task) -> None:
         """Put a task no worker has read back at the head of the queue, under its deadline."""
         with self._lock:
             self._pending[task.id] = task
             self._pending.move_to_end(task.id, last=False)
+            if task.fast:
+                self._fast_ids[task.id] = None
+                self._fast_ids.move_to_end(task.id, last=False)
             if task.deadline < math.inf:
                 heapq.heappush(self._deadlines, (task.deadline, task.id))
 

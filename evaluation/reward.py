@@ -9,8 +9,11 @@ tokens (special tokens kept), `prompt` the prompt text, `label` the dataset's go
 Grading goes through the same bounded path as `evaluation.grader.grade` and the evaluation:
 the process-wide pool `evaluation.grader.shared_grader()` (worker processes, each sample at most
 OPENRLHF_REPLAY_REWARD_TIMEOUT_S seconds of a worker's time, default 10; no signal-based
-timeouts in these threads). OPENRLHF_REPLAY_REWARD_WORKERS sets the pool's size (default
-min(4, cpus)); both are read when this file is loaded.
+timeouts in these threads). OPENRLHF_REPLAY_REWARD_WORKERS sets the pool's general workers
+(default min(4, cpus); the pool has one fast-lane worker more, for plain-number answers); both are
+read when this file is loaded. The answer is extracted as `grade()` extracts it
+(`evaluation.grader.extract_answer`): several boxes joined into one answer count together, and a
+cut extraction is never rewarded.
 """
 from __future__ import annotations
 

@@ -138,6 +138,35 @@ def test_eight_threads_at_once_mixing_pathological_and_normal():
     assert shared_grader().n_timeouts - timeouts_before == 3
 
 
+def test_a_plain_answer_is_not_starved_by_pathological_ones():
+    # Eight threads grade pathological answers, each holding a general worker for its whole 6 s,
+    # while one grades \boxed{1} against 1 with a 3 s limit: the pool's fast-lane worker takes it,
+    # so it is CORRECT within that limit (queued behind them, it would get TIMEOUT at 3 s).
+    shared_grader().wait_until_ready(ROOMY_S)
+    names = list(PATHOLOGICAL)
+    jobs = {i: (PATHOLOGICAL[names[i % len(names)]], "1", 6.0) for i in range(8)}
+    jobs["plain"] = (r"\boxed{1}", "1", 3.0)
+    barrier = threading.Barrier(len(jobs))
+    results: dict = {}
+
+    def run(key) -> None:
+        response, gold, limit = jobs[key]
+        barrier.wait()
+        if key == "plain":
+            time.sleep(0.3)  # the pathological ones are queued first
+        results[key] = timed_grade(response, gold, timeout_s=limit)
+
+    threads = [threading.Thread(target=run, args=(key,), daemon=True) for key in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(6.0 + 2 * SLACK_S)
+    verdict, seconds = results["plain"]
+    assert verdict is C and seconds <= 3.0, (verdict, seconds)
+    for key in range(8):
+        assert results[key][0] is T and results[key][1] <= 6.0 + SLACK_S, results[key]
+
+
 def test_pool_survives_its_worker_being_sigkilled():
     assert timed_grade(r"\boxed{1}", "1", timeout_s=ROOMY_S)[0] is C  # the pool is up
     pool = shared_grader()

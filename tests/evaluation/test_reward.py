@@ -99,6 +99,23 @@ def test_reward_grades_in_the_shared_bounded_pool(reward_module):
     assert grader.shared_grader().n_timeouts >= 1
 
 
+def test_reward_scores_cut_and_multi_box_answers_as_the_grader_does(reward_module):
+    # (response, label, reward): a box cut off at the end of a truncated response is never
+    # compared (math-verify alone extracted '{\frac{1}{2}' and rewarded it); an answer cut at
+    # \mathrm{e} no longer equals 1; boxes joined by "and" are one answer, not their last box.
+    cases = [(r"So the answer is \boxed{\frac{1}{2}", r"\frac{1}{2}", 0.0),
+             (r"$1 + \frac{1}{\mathrm{e}}$", r"1 - \frac{1}{\mathrm{e}}", 0.0),
+             (r"The roots are \boxed{1} and \boxed{2}.", "1, 2", 1.0),
+             (r"The roots are \boxed{1} and \boxed{2}.", "2", 0.0)]
+    prompt = chat_prompt("q")
+    out = reward_module.reward_func([prompt + r for r, _, _ in cases], [prompt] * len(cases),
+                                    [label for _, label, _ in cases])
+    assert out["rewards"].tolist() == [reward for _, _, reward in cases]
+    verdicts = [grader.grade_detailed(r, label).verdict for r, label, _ in cases]
+    assert out["rewards"].tolist() == [float(v is grader.Verdict.CORRECT) for v in verdicts]
+    assert out["extra_logs"]["grade_unparseable"].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
 def test_bad_label_gives_zero_not_an_exception(reward_module):
     prompt = chat_prompt("q")
     out = reward_module.reward_func([prompt + r"\boxed{1}"], [prompt], [""])
