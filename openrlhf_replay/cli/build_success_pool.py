@@ -68,9 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 def read_prompts(a) -> tuple[list[str], list]:
     """(prompt texts after upstream's templates, gold labels) of the prompt file; SystemExit on a bad file."""
     from transformers import AutoTokenizer
-    from openrlhf.datasets.prompts_dataset import preprocess_data
 
     from openrlhf_replay.cli.prompts import file_rows, prompt_file_problems
+    from openrlhf_replay.trainer.ppo_utils.success_pool import upstream_preprocess_data
 
     data = SimpleNamespace(prompt_dataset=a.prompts, input_key=a.input_key, label_key=a.label_key,
                            apply_chat_template=a.apply_chat_template)
@@ -82,6 +82,7 @@ def read_prompts(a) -> tuple[list[str], list]:
     rows = [row for _, row in file_rows(a.prompts)][: a.max_samples]
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     chat = tokenizer.apply_chat_template if a.apply_chat_template else None
+    preprocess_data = upstream_preprocess_data()
     pairs = [preprocess_data(row, a.input_template, a.input_key, a.label_key, chat) for row in rows]
     return [p for p, _ in pairs], [label for _, label in pairs]
 

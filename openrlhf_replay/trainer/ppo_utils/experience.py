@@ -9,24 +9,18 @@ non-action tokens of a multi-turn response keep action_mask 0, so they round-tri
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 
+from openrlhf_replay.trainer.ppo_utils.prompt_identity import prompt_uid
 from replay import RolloutBatch
 
 REPLAYED_KEY = "replay/is_replayed"  # info key: 1.0 on replayed rows, 0.0 on fresh ones
 IS_WEIGHT_KEY = "replay/row_is_weight"  # info key: importance weight folded into a replayed advantage
 AGE_KEY = "replay/row_age"  # info key: steps since the row was generated (0 for fresh rows)
 INERT_KEY = "replay/is_inert"  # info key: 1.0 on rows without loss that complete RLEP's last batch
-
-
-def prompt_uid(prompt_ids: np.ndarray) -> int:
-    """A stable 63-bit identity for a prompt's token ids (the same prompt in a later epoch maps here)."""
-    digest = hashlib.blake2b(np.ascontiguousarray(prompt_ids, np.int32).tobytes(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
 
 
 def experiences_to_rollouts(experiences: list[Experience], version: int, n_samples_per_prompt: int) -> RolloutBatch:

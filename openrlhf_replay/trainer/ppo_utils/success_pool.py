@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from openrlhf_replay.trainer.ppo_utils.experience import prompt_uid
+from openrlhf_replay.trainer.ppo_utils.prompt_identity import prompt_uid
 from replay.pool import SuccessPool, SuccessPoolError, load_pool, pool_mismatch
 
 
@@ -31,6 +31,19 @@ def prompt_token_ids(tokenizer, prompt: str, max_prompt_len: int | None = None) 
     if max_prompt_len is not None and len(ids) > max_prompt_len:
         ids = ids[-max_prompt_len:]
     return list(ids)
+
+
+def upstream_preprocess_data():
+    """Upstream's `openrlhf.datasets.prompts_dataset.preprocess_data` (its prompt templating),
+    loaded from its file alone: the `openrlhf.datasets` package imports most of OpenRLHF."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0])
+    spec = importlib.util.spec_from_file_location("_openrlhf_prompts_dataset", root / "datasets" / "prompts_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.preprocess_data
 
 
 def max_prompt_len(max_len: int, max_new_tokens: int | None) -> int | None:
@@ -56,7 +69,6 @@ def dry_run_pool_errors(args) -> list[str]:
     """The trainer's start-up check of `--replay.success_pool` (`check_success_pool`), made from
     the launch arguments for the dry run: for one local prompt file and a tokenizer found on this
     machine. Otherwise (or when the pool itself is unreadable, which the launcher reports) nothing."""
-    from openrlhf.datasets.prompts_dataset import preprocess_data
     from transformers import AutoTokenizer
 
     from openrlhf_replay.cli.prompts import UnreadableFile, file_rows
@@ -74,6 +86,7 @@ def dry_run_pool_errors(args) -> list[str]:
     except (SuccessPoolError, UnreadableFile, OSError, ValueError):
         return []
     chat = tokenizer.apply_chat_template if args.data.apply_chat_template else None
+    preprocess_data = upstream_preprocess_data()
     prompts = [preprocess_data(row, args.data.input_template, args.data.input_key, args.data.label_key, chat)[0]
                for row in rows]
     budget = max_prompt_len(args.data.max_len, args.rollout.max_new_tokens)
