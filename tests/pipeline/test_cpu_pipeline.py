@@ -1,6 +1,6 @@
 """The real GRPO pipeline on the CPU platform, end to end, with a tiny random Qwen3.
 
-Two runs of `python -m openrlhf_replay.cli.train_ppo_ray` (Ray, vLLM CPU engine, DeepSpeed
+Three runs of `python -m openrlhf_replay.cli.train_ppo_ray` (Ray, vLLM CPU engine, DeepSpeed
 ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
 
 - `replay`: advantage-prioritised replay (warm-up 1) with two DeepSpeed ranks and one vLLM
@@ -8,6 +8,9 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
   whole batches by the launch policy), checked from the ranks' own reports; final HF model;
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
+- `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
+  tiny model (the seed checkpoint), one rank, warm-up 1; the first replayed step's batch is dumped
+  (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`) and checked against the weights saved after step 1.
 
 Resuming from a checkpoint (the buffer restored as saved, the step counter going on) is tested
 by the runs of tests/faults/test_pipeline_faults.py, each of which resumes from the one before;
@@ -103,7 +106,9 @@ def runs(tmp_path_factory):
     control = _run(tmp, "control", base + ["--replay.mode", "none", "--train.num_episodes", "1"],
                    env_extra={"OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD": "1"})
     replay = _run(tmp, "replay", _two_rank_argv(tmp, model))
-    runs = {"replay": replay, "control": control}
+    rlep = _run(tmp, "rlep", _rlep_argv(tmp, model, _build_pool(tmp, model)),
+                env_extra={"OPENRLHF_REPLAY_DEBUG_DUMP_DIR": str(tmp / "rlep" / "dump")})
+    runs = {"replay": replay, "control": control, "rlep": rlep}
     for name, run in runs.items():
         print(f"{name}: {run['seconds']:.0f} s")
     return {"model": model, **runs}
@@ -119,6 +124,29 @@ def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
             "--data.max_samples", str(whole_batches(count_rows(str(data)), 4)),
             "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
             "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY]
+
+
+def _build_pool(tmp: Path, model: Path) -> Path:
+    """RLEP's offline pool, built by the pool script from the tiny model (the seed checkpoint) on
+    the run's 8 prompts, graded by the run's reward."""
+    pool = tmp / "pool.npz"
+    cmd = [sys.executable, "-m", "openrlhf_replay.cli.build_success_pool", "--backend", "hf", "--model", str(model),
+           "--prompts", str(tmp / "prompts.jsonl"), "--input-key", "prompt", "--label-key", "label",
+           "--apply-chat-template", "--max-samples", "8", "--samples-per-prompt", "4", "--max-new-tokens", "16",
+           "--max-len", "128", "--reward", str(REWARD), "--out", str(pool)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0 and pool.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return pool
+
+
+def _rlep_argv(tmp: Path, model: Path, pool: Path) -> list[str]:
+    """RLEP with the offline pool, one rank, one episode (2 steps), warm-up 1; the weights after step 1
+    saved as an HF model, so the test can compute the current policy's log-probs of step 2. Training
+    batches of 16: at most 4 x 2 replayed rows, so inert rows always complete the batch."""
+    return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl"),
+            "--train.num_episodes", "1", "--train.batch_size", "16", "--replay.mode", "success", "--replay.warmup", "1",
+            "--replay.success_pool", str(pool), "--ckpt.path", str(tmp / "rlep_ckpt"), "--ckpt.save_steps", "1",
+            "--ckpt.save_hf", "--ckpt.disable_ds"]
 
 
 def _by_step(run, key) -> dict[int, float]:
@@ -204,3 +232,108 @@ def test_mode_none_runs_the_plain_pipeline(runs):
     assert sorted(_by_step(control, "policy_loss")) == [1, 2]
     assert not any(tag.startswith("train/replay/") for tag in control["scalars"])
     assert (control["dir"] / "final" / "model.safetensors").is_file()
+
+
+def _first_replayed_step(run) -> dict:
+    """The batch of the run's only replaying step (logged step 2; the buffer counts from 0), as
+    the experience maker dumped it (`openrlhf_replay/trainer/ppo_utils/debug_dump.py`)."""
+    dumps = sorted((run["dir"] / "dump").glob("step*.json"))
+    assert [d.name for d in dumps] == ["step1.json"], dumps
+    return json.loads(dumps[0].read_text())
+
+
+def _log_probs(model, sequence: list[int]) -> np.ndarray:
+    """(len - 1,) log-probs of each next token under `model` (column j scores token j + 1)."""
+    import torch
+
+    ids = torch.tensor([sequence])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1).numpy()
+
+
+def _prompt_of(row: dict) -> tuple:
+    return tuple(row["sequence"][: row["action_mask"].index(True) + 1])
+
+
+def test_rlep_replays_the_offline_pool_from_the_first_step_after_warmup(runs):
+    """Step 2 draws new prompts, which the in-run pool could not have: the offline pool gives
+    each min(M = 2, its successes in the pool); the pool stays as built (the run's own successes
+    stay out); inert rows complete the last training batch."""
+    from openrlhf_replay.trainer.ppo_utils.experience import prompt_uid
+    from replay.pool import load_pool
+
+    run = runs["rlep"]
+    pool = load_pool(run["dir"].parent / "pool.npz")
+    assert "from the offline pool" in run["log"]
+    replayed, size = _by_step(run, "replay/replayed"), _by_step(run, "replay/size")
+    assert replayed[1] == 0 and replayed[2] > 0  # warm-up 1: the first step after it replays
+    assert set(size.values()) == {len(pool.rollouts)}
+    dump = _first_replayed_step(run)
+    rows = [r for r in dump["rows"] if r["replayed"] and not r["inert"]]
+    step_prompts = {_prompt_of(r) for r in dump["rows"] if not r["replayed"]}
+    per_prompt = pool.successes_per_prompt()
+    got = {p: sum(_prompt_of(r) == p for r in rows) for p in step_prompts}
+    want = {p: min(2, per_prompt.get(prompt_uid(np.array(p, np.int32)), 0)) for p in step_prompts}
+    assert got == want and sum(want.values()) == replayed[2]
+    assert dump["inert"] == 16 - sum(want.values()) == _by_step(run, "replay/inert_rows")[2] > 0
+    assert sum(r["inert"] for r in dump["rows"]) == dump["inert"]
+    assert all(not any(r["action_mask"]) and r["advantage"] == 0 for r in dump["rows"] if r["inert"])
+    # Inert rows reach the actors, flagged, and train nothing: the loss stays finite, two whole
+    # optimizer steps of 16 rows (16 fresh + replayed + inert).
+    assert _by_step(run, "replay/is_inert")[2] == pytest.approx(dump["inert"] / 32)
+    assert _by_step(run, "replay/rank_optimizer_steps_max") == {1: 1, 2: 2}
+    assert all(math.isfinite(v) for v in _by_step(run, "policy_loss").values())
+
+
+def test_rlep_recomputes_pi_old_of_replayed_rows_and_keeps_grpo_elsewhere(runs):
+    """On the first replayed step: replayed rows' pi_old is the current policy's log-prob (as
+    close as fresh rows' pi_old, which upstream computes with it, and far from the seed's stored
+    log-probs), with importance weight 1; fresh rows keep upstream's pi_old and vLLM's behaviour
+    log-probs; advantages are GRPO's outside the enlarged groups and group_normalise over G + M
+    inside them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from replay import group_normalise
+
+    run = runs["rlep"]
+    dump = _first_replayed_step(run)
+    # The weights step 2 trains from: saved after step 1, in the run's compute dtype.
+    current = AutoModelForCausalLM.from_pretrained(run["dir"].parent / "rlep_ckpt" / "global_step1_hf", dtype="auto")
+    rows = [r for r in dump["rows"] if not r["inert"]]
+    gaps: dict[str, list[float]] = {"fresh": [], "replay": [], "seed": []}
+    replayed_current = []  # the current policy's log-probs of each replayed row, in batch order
+    for r in rows:
+        mask = np.array(r["action_mask"])
+        ours = _log_probs(current, r["sequence"])[mask]
+        pi_old, behaviour = np.array(r["pi_old"])[mask], np.array(r["pi_behaviour"])[mask]
+        gaps["replay" if r["replayed"] else "fresh"].append(float(np.abs(pi_old - ours).max()))
+        if r["replayed"]:
+            assert np.array_equal(behaviour, pi_old) and r["is_weight"] == 1.0  # no importance weight
+            replayed_current.append(ours)
+        else:  # upstream's: vLLM's sampling log-probs, close to the trainer's own with synced weights
+            assert r["is_weight"] == 1.0 and np.abs(behaviour - pi_old).mean() < 0.05
+    # One rank: the replayed rows come in the order they were drawn, as the stored log-probs.
+    assert len(replayed_current) == len(dump["stored_behaviour"])
+    for stored, ours in zip(dump["stored_behaviour"], replayed_current):
+        gaps["seed"].append(float(np.abs(np.array(stored) - ours).mean()))
+    rounding = max(gaps["fresh"])
+    assert rounding < 0.1, gaps["fresh"]  # the two engines agree to the compute dtype's rounding
+    assert max(gaps["replay"]) <= 2 * rounding + 1e-4, (gaps["replay"], rounding)
+    assert min(gaps["seed"]) > 5 * max(gaps["replay"]), gaps  # the stale anchor would be far off
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(_prompt_of(r), []).append(r)
+    enlarged = 0
+    for members in groups.values():
+        rewards = np.array([m["reward"] for m in members], np.float32)
+        if any(m["replayed"] for m in members):
+            enlarged += 1
+            want = group_normalise(rewards, np.zeros(len(members), np.int64))
+        else:  # upstream's group_norm over the G fresh rows
+            t = torch.from_numpy(rewards)
+            want = ((t - t.mean()) / (t.std() + 1e-9)).numpy()
+        assert np.allclose([m["advantage"] for m in members], want, atol=1e-4), members
+    assert enlarged >= 1
+
