@@ -94,7 +94,8 @@ def table_row(name: str, report: dict) -> list[str]:
          f"{_fraction(replayed['steps_with_replay'], replayed['steps_after_warmup'])}") if replays else "-",
         _fraction(able["steps_with_replay"], able["steps"]) if replays and able else "-",
         f"{_number(opt.get('mean'))} ({' / '.join(_number(opt[k]) for k in ('min', 'median', 'max'))})",
-        f"{per_rank[0]} on each of {len(per_rank)}" if len(set(per_rank)) == 1 else " / ".join(map(str, per_rank)),
+        f"{_number(per_rank[0])} on each of {len(per_rank)}" if len(set(per_rank)) == 1 else
+        " / ".join(map(_number, per_rank)),
         f"{report['lr_warmup_optimizer_steps']} / {report['lr_warmup_rollout_steps']}",
         _number(report["replay_age"]["max"]) if replays else "-",
         _number(report["buffer_max_rollouts"]),
