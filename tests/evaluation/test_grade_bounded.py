@@ -360,11 +360,11 @@ def test_a_pathological_answer_cannot_stall_the_lab(monkeypatch, short_pool_limi
     monkeypatch.setattr("evaluation.generation.make_backend",
                         lambda *a, **k: FakeBackend(PATHOLOGICAL["power_tower"]))
     start = time.monotonic()
-    result = se_task.evaluate_heldout("unused", PAIRS, samples=1)
-    # 4 greedy + 4 sampled answers, 2 s each, on the pool's workers (2 here), plus replacing the killed ones.
-    assert result.accuracy == result.accuracy_greedy == 0.0 and result.n == len(PAIRS)
-    assert time.monotonic() - start < 45
-    assert shared_grader().n_timeouts == 2 * len(PAIRS)
+    result = se_task.evaluate_heldout("unused", PAIRS[:2], samples=1)
+    # 2 greedy + 2 sampled answers, 2 s each, on the pool's workers (2 here), plus replacing the killed ones.
+    assert result.accuracy == result.accuracy_greedy == 0.0 and result.n == 2
+    assert time.monotonic() - start < 30
+    assert shared_grader().n_timeouts == 4
 
 
 def test_the_lab_counts_correct_answers(monkeypatch):
