@@ -19,8 +19,8 @@
 #            run stops before training and says which file is missing), GSM8K in train/
 #   RUN_DIR  where everything goes (default runs/quickstart_cpu/<date-time>)
 #   STEPS    GRPO steps (default 4)        EVAL_LIMIT  problems per benchmark (default 2)
-#   LR       learning rate (default 2e-5)  SEED  training and held-out sampling seed (default 42)
-#   HELDOUT  held-out problems (default 0: every arithmetic problem not trained on, 146; GSM8K: 64)
+#   LR       learning rate (default 5e-5)  SEED  training and held-out sampling seed (default 42)
+#   HELDOUT  held-out problems, drawn from those not trained on (default 64; 0: all, 146 arithmetic)
 #   HELDOUT_SAMPLES  samples per held-out problem (default 4)
 #   EVAL=0   skip the evaluation (held-out and benchmarks)
 #   MAX_NEW_TOKENS (48; GSM8K: 200, 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (128)
@@ -49,10 +49,10 @@ RUN_DIR=${RUN_DIR:-$root/runs/quickstart_cpu/$(date +%Y%m%d-%H%M%S)}
 STEPS=${STEPS:-4}
 EVAL_LIMIT=${EVAL_LIMIT:-2}
 EVAL=${EVAL:-1}
-LR=${LR:-2e-5}
+LR=${LR:-5e-5}
 SEED=${SEED:-42}
 HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-4}
-if [ "$DATA" = arithmetic ]; then HELDOUT=${HELDOUT:-0}; else HELDOUT=${HELDOUT:-64}; fi
+HELDOUT=${HELDOUT:-64}
 PROMPTS_PER_STEP=4
 SAMPLES_PER_PROMPT=4
 if [ "$DATA" = arithmetic ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-48}
@@ -167,9 +167,8 @@ cat <<EOF
   checkpoint        $RUN_DIR/checkpoints  (DeepSpeed state in _actor/, replay buffer in _replay/)
   trained model     $RUN_DIR/model
 EOF
-[ "$EVAL" != 1 ] ||
-  echo "  evaluation        $RUN_DIR/eval  (report.md, summary.json, samples.jsonl; log: $RUN_DIR/eval.log)"
 if [ "$EVAL" = 1 ]; then
+  echo "  evaluation        $RUN_DIR/eval  (report.md, summary.json, samples.jsonl; log: $RUN_DIR/eval.log)"
   echo "  held-out samples  $RUN_DIR/heldout  (before.jsonl, after.jsonl, comparison.json, table.md)"
   echo
   cat "$RUN_DIR/heldout/table.md"

@@ -229,6 +229,9 @@ def evaluate(args: argparse.Namespace) -> dict:
     from openrlhf_replay.cpu import heldout
 
     train = [line for line in args.prompts.read_text("utf-8").splitlines() if line.strip()]
+    if args.problems < 1 and str(args.source) != ARITHMETIC:
+        raise QuickstartError("HELDOUT=0 (every problem not trained on) is for the arithmetic problems only; "
+                              "give GSM8K a number, e.g. HELDOUT=64")
     try:
         problems = heldout.held_out(heldout_pool(args.source, len(train), args.problems), args.prompts,
                                     args.problems, args.seed)
