@@ -5,10 +5,11 @@ The GPU-shaped checks a launch cannot make before a GPU run: no crash at any sha
 batch at an episode's end, a replay split that leaves ranks unequal), every rank taking the same
 optimizer steps, every condition replaying what its configuration says and warming its LR up
 over the same rollout steps, and reporting per step what it replayed and how many optimizer steps
-it took (what compare.sh puts beside each condition's results). Data: a subset of the scripts' real prompt file whose size is not a
-multiple of the batch (560 = 4 x 128 + 48), walked over the scripts' 4 episodes with the replay
-warm-up shortened from 20 steps to 6 and checkpoints every 5 steps, so that replay, prompts coming
-back in later episodes and the rehearsal's resume all fall inside 16 steps; and the real file
+it took (what compare.sh puts beside each condition's results). Data: a subset of the scripts'
+real prompt file whose size is not a multiple of the batch (560 = 4 x 128 + 48), walked over the
+scripts' 4 episodes with the replay warm-up shortened from 20 steps to 6 and checkpoints every 5
+steps, so that replay, prompts coming back in later episodes and the rehearsal's resume all fall
+inside 16 steps; and the real file
 (7,474 = 58 x 128 + 50) for one episode of the method's script, its other settings as shipped.
 The stand-in solves a prompt with a probability drawn around a mean of REHEARSE_SOLVE_RATE = 0.4.
 """
@@ -178,7 +179,8 @@ def test_the_stand_ins_solve_rate_is_a_seeded_spread_around_its_mean():
     tight = np.array([solve_probability(t, Settings(solve_rate=0.4, solve_concentration=200)) for t in prompts])
     assert abs(tight.mean() - 0.4) < 0.01 and tight.std() < 0.05
     assert {solve_probability(t, Settings(solve_rate=0.0)) for t in prompts[:20]} == {0.0}
-    for bad, flag in (({"solve_rate": 1.5}, "--solve-rate 1.5"), ({"solve_concentration": 0}, "--solve-concentration 0")):
+    for bad, flag in (({"solve_rate": 1.5}, "--solve-rate 1.5"),
+                      ({"solve_concentration": 0}, "--solve-concentration 0")):
         with pytest.raises(ValueError, match=flag):
             Settings(**bad)
 
