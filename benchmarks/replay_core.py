@@ -250,7 +250,8 @@ class ProjectSide:
             arrays += [ch.action_mask] if ch.action_mask is not None else []
         if st._cache is not None:  # noqa: SLF001
             view, rows, _ = st._cache  # noqa: SLF001
-            arrays += [getattr(view, k) for k in view.__dataclass_fields__] + list(rows.values())
+            fields = (getattr(view, k) for k in view.__dataclass_fields__)
+            arrays += [a for a in fields if isinstance(a, np.ndarray)] + list(rows.values())  # not max_priority
         held = _unique_nbytes(arrays)
         live_tokens = st.n_tokens
         return {"bytes_held": held, "live_tokens": live_tokens, "bytes_per_token": held / live_tokens,
