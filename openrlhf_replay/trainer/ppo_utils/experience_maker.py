@@ -114,12 +114,6 @@ def replayed_for_ranks(comp, ranks: int) -> list[tuple[RolloutBatch, np.ndarray,
             for idx in _rank_rows(len(replayed), ranks, strided=bool(comp.inert))]
 
 
-def _split_even(batch: RolloutBatch, weights: np.ndarray, parts: int):
-    """`parts` contiguous slices of equal size (the caller made len(batch) a multiple of `parts`)."""
-    for idx in _rank_rows(len(batch), parts):
-        yield batch.select(idx), weights[idx]
-
-
 def _rank_rows(n: int, ranks: int, strided: bool = False):
     """Each rank's row indices: `ranks` equal parts of n (the caller made n a multiple of `ranks`),
     contiguous, or every ranks-th row from the rank's own (so rows without loss at the end of the
