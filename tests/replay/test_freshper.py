@@ -177,18 +177,25 @@ def test_equal_age_and_reward_are_drawn_equally_whatever_the_advantage(seed):
     assert each * 3 ** 0.6 - each > 8
 
 
-def test_a_checkpoint_of_the_former_freshness_rule_is_refused_with_the_fix(tmp_path):
-    config = ReplayConfig(mode="freshness", warmup=1, seed=4, beta_steps=10)
+def three_steps_and_a_former_checkpoint(config: ReplayConfig, rewards: list[int], path) -> ReplayBuffer:
+    """A buffer after three steps of `rewards`, its state also saved at `path` as the former code
+    wrote it: format 1, no recorded rules, no priorities."""
     buf = ReplayBuffer(config)
     for step in range(3):
-        buf.step(fresh_batch([1, 0, 0, 0, 1, 1, 1, 1], step), step)
+        buf.step(fresh_batch(rewards, step), step)
     state = buf.state_dict()
-    # As the former code wrote it: format 1, no recorded rules, no priorities.
     former = state | {"format_version": 1, "store": {k: v for k, v in state["store"].items()
                                                      if k not in ("priorities", "max_priority", "newest_serial")}}
     former.pop("holding_rules")
-    path = tmp_path / "former.npz"
     save_state(path, former)
+    return buf
+
+
+def test_a_checkpoint_of_the_former_freshness_rule_is_refused_with_the_fix(tmp_path):
+    config = ReplayConfig(mode="freshness", warmup=1, seed=4, beta_steps=10)
+    path = tmp_path / "former.npz"
+    buf = three_steps_and_a_former_checkpoint(config, [1, 0, 0, 0, 1, 1, 1, 1], path)
+    state = buf.state_dict()
     with pytest.raises(ReplayCheckpointError) as err:
         ReplayBuffer.load(path, config)
     message = str(err.value)
@@ -211,14 +218,7 @@ def test_a_checkpoint_of_the_former_freshness_rule_is_refused_with_the_fix(tmp_p
 
 def test_a_former_checkpoint_of_an_unchanged_mode_still_loads(tmp_path):
     config = ReplayConfig(mode="advantage", warmup=1, seed=4)
-    buf = ReplayBuffer(config)
-    for step in range(3):
-        buf.step(fresh_batch([1, 0, 0, 0, 1, 1, 1, 0], step), step)
-    state = buf.state_dict()
-    former = state | {"format_version": 1, "store": {k: v for k, v in state["store"].items()
-                                                     if k not in ("priorities", "max_priority", "newest_serial")}}
-    former.pop("holding_rules")
-    save_state(tmp_path / "former.npz", former)
+    buf = three_steps_and_a_former_checkpoint(config, [1, 0, 0, 0, 1, 1, 1, 0], tmp_path / "former.npz")
     again = ReplayBuffer.load(tmp_path / "former.npz", config)
     assert np.array_equal(again.store.view().serials, buf.store.view().serials)
     assert load_state(tmp_path / "former.npz")["format_version"] == 1
