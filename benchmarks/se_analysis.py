@@ -269,23 +269,11 @@ def to_match_interval(runs: Sequence[Mapping], baseline_runs: Sequence[Mapping],
     (x, y), (bx, by) = ((np.array([c[0] for c in cs]), np.array([c[1] for c in cs])) for cs in curves)
     idx = np.random.default_rng(seed).integers(0, len(seeds), size=(n_resamples, len(seeds)))
     med = {k: np.median(v[idx], axis=1) for k, v in {"x": x, "y": y, "bx": bx, "by": by}.items()}  # (R, E)
-    threshold = match_fraction * np.nanmax(med["by"], axis=1, keepdims=True) - 1e-12
-    ratios = np.empty(n_resamples)
-    for i in range(n_resamples):
-        mine, base = (_first_at(med[kx][i], med[ky][i] >= threshold[i]) for kx, ky in (("x", "y"), ("bx", "by")))
-        if mine is None:
-            ratios[i] = math.inf
-        elif base == 0:
-            ratios[i] = 1.0 if mine == 0 else math.inf
-        else:
-            ratios[i] = mine / base
+    ratios = [to_match_ratio({"x": med["x"][i], "median": med["y"][i]},
+                             {"x": med["bx"][i], "median": med["by"][i]}, match_fraction) for i in range(n_resamples)]
+    ratios = np.array([math.inf if r is None else r for r in ratios])
     lo, hi = np.quantile(ratios, [0.025, 0.975], method="inverted_cdf")  # sample values, so inf survives
     return [None if math.isinf(v) else float(v) for v in (lo, hi)]
-
-
-def _first_at(x: np.ndarray, reached: np.ndarray) -> float | None:
-    hits = np.flatnonzero(reached)
-    return float(x[hits[0]]) if hits.size else None
 
 
 def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 0) -> float:
