@@ -204,10 +204,11 @@ class HeldoutResult:
     """Greedy accuracy within each band."""
 
 
-def _sample_and_grade(model_dir, problems: list[Problem], *, n: int, temperature: float,
-                      max_new_tokens: int, seed: int | list[int] = 0) -> tuple[list[list[bool]], list[list[int]]]:
-    """n answers per problem from the harness's backend, graded by its bounded pool: (correct
-    flags, token counts), each (problems, n). `seed`: one base seed, or one per problem."""
+def _sample_and_grade(model_dir, problems: list[Problem], runs: Sequence[tuple[int, float, int | list[int]]], *,
+                      max_new_tokens: int) -> list[tuple[list[list[bool]], list[list[int]]]]:
+    """For each (n, temperature, seed) of `runs`, n answers per problem from the harness's backend,
+    graded by its bounded pool: (correct flags, token counts), each (problems, n). `seed`: one base
+    seed, or one per problem. The model is loaded once and every answer graded in one batch."""
     from evaluation.generation import make_backend
     from evaluation.grader import Verdict, shared_grader
 
@@ -218,11 +219,13 @@ def _sample_and_grade(model_dir, problems: list[Problem], *, n: int, temperature
     # `hf` (transformers generate): for a sub-million-parameter model it answers hundreds of
     # problems in a second, where starting a vLLM engine takes tens of seconds.
     with make_backend("hf", model_dir, dtype="float32", batch_rows=256) as engine:
-        sampling = {"seed": seed} if temperature > 0 else {}  # greedy needs no seed
-        gens = engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens, **sampling)
-    verdicts = grader.grade_many([(g.text, p.answer) for gs, p in zip(gens, problems) for g in gs])
-    flat = [v is Verdict.CORRECT for v in verdicts]
-    return [flat[i * n:(i + 1) * n] for i in range(len(problems))], [[g.n_tokens for g in gs] for gs in gens]
+        gens = [engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens,
+                                **({"seed": seed} if temperature > 0 else {}))  # greedy needs no seed
+                for n, temperature, seed in runs]
+    verdicts = iter(grader.grade_many([(g.text, p.answer) for run in gens for gs, p in zip(run, problems)
+                                       for g in gs]))
+    return [([[next(verdicts) is Verdict.CORRECT for _ in gs] for gs in run],
+             [[g.n_tokens for g in gs] for gs in run]) for run in gens]
 
 
 def _by_band(problems: Sequence[Problem], scores: Sequence[float]) -> dict[str, float]:
@@ -248,10 +251,10 @@ def evaluate_heldout(model_dir: Path | str, problems: Sequence, *, samples: int 
         raise ValueError(f"samples={samples}, temperature={temperature}: the primary metric needs "
                          "samples >= 1 at a temperature > 0 (greedy is measured beside it)")
     t0 = time.perf_counter()
-    greedy = greedy_correct(model_dir, problems, max_new_tokens=max_new_tokens)
     seeds = [derive_seed(seed, p.text) for p in problems]
-    sampled, tokens = _sample_and_grade(model_dir, problems, n=samples, temperature=temperature,
-                                        max_new_tokens=max_new_tokens, seed=seeds)
+    runs = [(1, 0.0, 0), (samples, temperature, seeds)]  # greedy, then the primary metric's samples
+    (greedy, _), (sampled, tokens) = _sample_and_grade(model_dir, problems, runs, max_new_tokens=max_new_tokens)
+    greedy = [c[0] for c in greedy]
     per_problem = [sum(c) / samples for c in sampled]
     return HeldoutResult(accuracy=sum(per_problem) / len(problems),
                          accuracy_greedy=sum(greedy) / len(problems),
@@ -264,16 +267,16 @@ def evaluate_heldout(model_dir: Path | str, problems: Sequence, *, samples: int 
 
 def greedy_correct(model_dir: Path | str, problems: Sequence, *, max_new_tokens: int = 16) -> list[bool]:
     """Whether each problem's greedy answer is graded correct."""
-    correct, _ = _sample_and_grade(model_dir, [as_problem(p) for p in problems], n=1, temperature=0.0,
-                                   max_new_tokens=max_new_tokens)
+    [(correct, _)] = _sample_and_grade(model_dir, [as_problem(p) for p in problems], [(1, 0.0, 0)],
+                                       max_new_tokens=max_new_tokens)
     return [c[0] for c in correct]
 
 
 def success_rates(model_dir: Path | str, problems: Sequence[Problem], *, n: int = 8, temperature: float = 1.0,
                   max_new_tokens: int = 16, seed: int = 0) -> list[float]:
     """Per-problem success rate over `n` sampled answers: what a GRPO group of `n` sees at the start."""
-    correct, _ = _sample_and_grade(model_dir, list(problems), n=n, temperature=temperature,
-                                   max_new_tokens=max_new_tokens, seed=seed)
+    [(correct, _)] = _sample_and_grade(model_dir, list(problems), [(n, temperature, seed)],
+                                       max_new_tokens=max_new_tokens)
     return [sum(c) / n for c in correct]
 
 
