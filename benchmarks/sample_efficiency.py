@@ -72,7 +72,8 @@ EPOCHS = {"none_2epochs": 2}
 # difference from GRPO is known in sign, so the sweep shows whether the lab can see an effect.
 LR_SCALE = {"none_half_lr": 0.5}
 ROLLOUT_TEMPERATURE = 1.0
-"""Rollouts are sampled at this temperature; the primary held-out metric samples at it too."""# Settings that depend on the task: the first edition's values for add2, so that it reruns as
+"""Rollouts are sampled at this temperature; the primary held-out metric samples at it too."""
+# Settings that depend on the task: the first edition's values for add2, so that it reruns as
 # published (48 steps, no prompt returns, 200 held-out, warm start to 0.3 checked every 10 steps).
 TASK_DEFAULTS = {
     "mixed": {"steps": 50, "pool_steps": 10, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.4,
@@ -276,7 +277,8 @@ def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_di
         "--train.seed", str(seed),
         "--actor.policy_loss_type", "ppo", "--actor.eps_clip_low_high", "0.2", "0.28",
         "--actor.dual_clip", "10", "--actor.loss_agg_mode", "token-mean",
-        "--actor.adam.lr", str(a.lr * LR_SCALE.get(cond, 1.0)), "--actor.adam.weight_decay", "0.01", "--actor.max_norm", "1.0",
+        "--actor.adam.lr", str(a.lr * LR_SCALE.get(cond, 1.0)),
+        "--actor.adam.weight_decay", "0.01", "--actor.max_norm", "1.0",
         "--actor.lr_scheduler", "constant_with_warmup", "--actor.lr_warmup_ratio", "0.03",
         "--algo.kl.init_coef", "0",
         "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--train.colocate_all",
@@ -445,7 +447,8 @@ def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
     a._step0_eval = report["heldout"]
     base = report["heldout"]
     log(f"warm start ready ({warm_s:.0f} s, {report['supervised_steps']} supervised steps): held-out "
-        f"avg@{a.eval_samples} {base['accuracy']:.3f} ({', '.join(f'{b} {v:.2f}' for b, v in base['by_band'].items())}), "
+        f"avg@{a.eval_samples} {base['accuracy']:.3f} "
+        f"({', '.join(f'{b} {v:.2f}' for b, v in base['by_band'].items())}), "
         f"greedy {base['accuracy_greedy']:.3f}; "
         f"pool of {len(pool)}: "
         f"{report['share_all_wrong']:.0%} all wrong, {report['share_all_right']:.0%} all right, "
@@ -458,7 +461,8 @@ def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
 REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
 COLOURS = {"none": "black", "none_half_lr": "tab:cyan", "none_2epochs": "tab:grey", "uniform": "tab:blue",
-           "advantage": "tab:red", "advantage_alpha1": "tab:purple", "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown",
+           "advantage": "tab:red", "advantage_alpha1": "tab:purple", "advantage_tau2": "tab:pink",
+           "advantage_tau40": "tab:brown",
            "naive": "tab:orange", "freshness": "tab:green", "success": "tab:olive"}
 MAIN_PLOT = ("none", "none_2epochs", "uniform", "advantage")
 
