@@ -5,7 +5,8 @@ DeepSpeed or vLLM. See docs/METHOD.md sections 2-4.
 """
 from replay.buffer import FORMAT_VERSION, ReplayBuffer
 from replay.checkpoint import ReplayCheckpointError, load_state, save_state
-from replay.composer import Composition, compose, compose_rlep, group_normalise, nominal_replay_count, replay_count
+from replay.composer import (Composition, compose, compose_rlep, group_normalise, nominal_replay_count, replay_count,
+                             replay_target)
 from replay.config import MODE_DEFAULTS, MODES, OFF_POLICY, ModeDefaults, ReplayConfig, field_help
 from replay.metrics import age_histogram, composition_metrics, store_metrics, zero_variance_group_fraction
 from replay.record import REFUSAL_REASONS, RolloutBatch, refusals
@@ -36,7 +37,7 @@ __all__ = [
     "advantage_priorities", "age_histogram", "beta_schedule", "compose", "compose_rlep",
     "composition_metrics", "effective_sample_size", "field_help", "freshness_priorities",
     "get_sampler", "group_normalise", "importance_weights", "load_state", "nominal_replay_count", "refusals",
-    "replay_count", "replayed_priorities", "reward_fresh_priorities",
+    "replay_count", "replay_target", "replayed_priorities", "reward_fresh_priorities",
     "sampler_from_config", "save_state", "store_metrics", "stratified_draw", "uniform_draw",
     "weighted_draw", "zero_variance_group_fraction",
 ]

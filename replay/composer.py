@@ -1,7 +1,7 @@
 """Composers: turn one step's fresh rollouts plus a draw from the store into the training batch.
 
 Fresh-anchored (`compose`): all fresh rollouts, then k = round(ratio * n_fresh) replayed ones.
-RLEP (`compose_rlep`): up to M stored successes of each fresh prompt join its fresh group, and the
+RLEP (`compose_rlep`): up to M stored successes of its prompt join each fresh group, and the
 advantages of each enlarged group are recomputed over its G + M members. In both, fresh rollouts
 are never displaced. Fresh-anchored replay counts in multiples of `multiple_of` (the integration's
 training batch) by one rounding rule, `nominal_replay_count`; RLEP replays its exact count and
@@ -60,13 +60,26 @@ def nominal_replay_count(n: int, ratio: float, multiple_of: int = 1) -> int:
     return math.floor(ratio * n / multiple_of + 0.5) * multiple_of
 
 
-def replay_count(n_fresh: int, ratio: float, step: int, warmup: int, available: int, multiple_of: int = 1) -> int:
-    """k = `nominal_replay_count(n_fresh, ratio, multiple_of)`, 0 before `warmup`, cut down to the
-    largest multiple of `multiple_of` that `available` allows."""
-    k = nominal_replay_count(n_fresh, ratio, multiple_of)
+def replay_target(config: ReplayConfig, n_fresh: int, n_groups: int, multiple_of: int = 1) -> int:
+    """Rollouts one step replays once the store holds enough: the one rule per mode, used by the
+    composers, the launcher's checks and its start-up line.
+
+    success (RLEP): `per_prompt` for each of the step's `n_groups` fresh groups, exact (the
+    integration adds inert rows to complete its last training batch). A prompt that comes twice in
+    a batch is served twice, as RLEP's loader samples replay for each question of its batch on its
+    own. Other modes: ratio x `n_fresh` in whole multiples of `multiple_of` (`nominal_replay_count`).
+    """
+    if config.mode == "success":
+        return config.per_prompt * n_groups
+    return nominal_replay_count(n_fresh, config.ratio, multiple_of)
+
+
+def replay_count(target: int, step: int, warmup: int, available: int, multiple_of: int = 1) -> int:
+    """`target` (see `replay_target`), 0 before `warmup`, cut down to the largest multiple of
+    `multiple_of` that `available` allows."""
     if step < warmup:
         return 0
-    return max(0, min(k, available // multiple_of * multiple_of))
+    return max(0, min(target, available // multiple_of * multiple_of))
 
 
 def group_normalise(rewards: np.ndarray, group_index: np.ndarray, divide_by_std: bool = True) -> np.ndarray:
@@ -91,7 +104,8 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
             rng: np.random.Generator, multiple_of: int = 1) -> Composition:
     """Fresh-anchored batch: every fresh rollout, plus up to round(ratio * n_fresh) replayed ones
     (a multiple of `multiple_of`, see `replay_count`)."""
-    k = replay_count(len(fresh), config.ratio, step, config.warmup, len(store), multiple_of)
+    target = replay_target(config, len(fresh), len(np.unique(fresh.group_ids)), multiple_of)
+    k = replay_count(target, step, config.warmup, len(store), multiple_of)
     if k == 0:
         return _fresh_only(fresh)
     draw = sampler(store.view(), k, step, rng, fresh_prompt_uids=fresh.prompt_uids)
@@ -104,23 +118,20 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
 
 def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
                  rng: np.random.Generator, multiple_of: int = 1, *, divide_by_std: bool = True) -> Composition:
-    """RLEP: each prompt of the step gets min(`per_prompt`, its stored successes), without
-    replacement (the sampler's rule), which join their prompt's fresh group (they take its group
+    """RLEP: each fresh group gets min(`per_prompt`, its prompt's stored successes), without
+    replacement within the group (the sampler's rule), which join that group (they take its group
     id); the advantages of each enlarged group are recomputed over all its members
     (`divide_by_std=False`: dr_grpo). Groups that got no replay keep their advantages. The count
     is not rounded: `inert` says how many rows the integration must add, with no loss, to make the
     replayed rows a multiple of `multiple_of` (its training batch)."""
-    uids = fresh.prompt_uids[np.sort(np.unique(fresh.prompt_uids, return_index=True)[1])]
-    if step < config.warmup or not len(store) or not len(uids):
+    group_rows = np.sort(np.unique(fresh.group_ids, return_index=True)[1])  # each fresh group's first row
+    if step < config.warmup or not len(store) or not len(group_rows):
         return _fresh_only(fresh)
-    draw = sampler(store.view(), config.per_prompt * len(uids), step, rng, fresh_prompt_uids=uids)
+    draw, host_row = _draw_per_group(fresh, group_rows, store, sampler, config, step, rng)
     if not len(draw.indices):
         return _fresh_only(fresh, dict(draw.info))
     replayed = store.gather(draw.indices)
-    # Each replayed rollout joins the first fresh group of its prompt.
-    first_row = {int(u): i for i, u in reversed(list(enumerate(fresh.prompt_uids.tolist())))}
-    host_row = np.array([first_row[int(u)] for u in replayed.prompt_uids.tolist()], np.int64)
-    replayed = replayed.replace(group_ids=fresh.group_ids[host_row].copy())
+    replayed = replayed.replace(group_ids=fresh.group_ids[host_row].copy())  # each joins its host group
     # Dense group index over fresh + replayed; a group's rank = its first fresh row.
     _, first, group = np.unique(fresh.group_ids, return_index=True, return_inverse=True)
     rank = np.argsort(np.argsort(first))  # group -> order of first appearance
@@ -136,6 +147,41 @@ def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, con
     info = dict(draw.info) | {"enlarged_group_fraction": float(enlarged.mean()), "inert_rows": float(inert)}
     return Composition(fresh.replace(advantages=adv[:n]), replayed.replace(advantages=adv[n:]), draw.weights,
                        draw.indices, info, order=order, inert=inert)
+
+
+def _draw_per_group(fresh: RolloutBatch, group_rows: np.ndarray, store: RolloutStore, sampler: Sampler,
+                    config: ReplayConfig, step: int, rng: np.random.Generator) -> tuple[Draw, np.ndarray]:
+    """RLEP's draw: up to `per_prompt` successes for each fresh group (`replay_target`), and the
+    fresh row of the group each one joins.
+
+    The sampler serves distinct prompts, so a prompt that comes in several groups is drawn for
+    once per group, in rounds: round j serves every prompt's (j+1)-th group. Rounds are
+    independent, so two groups of one prompt may get the same success, as two questions of
+    RLEP's batch may. The info is the first round's (its candidates are every prompt's)."""
+    uids = fresh.prompt_uids[group_rows]
+    occurrence = _occurrence(uids)
+    draws, hosts = [], []
+    for j in range(int(occurrence.max()) + 1):
+        rows = group_rows[occurrence == j]
+        target = replay_target(config, len(fresh), len(rows))
+        draw = sampler(store.view(), target, step, rng, fresh_prompt_uids=fresh.prompt_uids[rows])
+        row_of = dict(zip(fresh.prompt_uids[rows].tolist(), rows.tolist()))
+        draws.append(draw)
+        hosts.append(np.array([row_of[u] for u in store.view().prompt_uids[draw.indices].tolist()], np.int64))
+    merged = Draw(np.concatenate([d.indices for d in draws]), np.concatenate([d.weights for d in draws]),
+                  dict(draws[0].info))
+    return merged, np.concatenate(hosts)
+
+
+def _occurrence(values: np.ndarray) -> np.ndarray:
+    """(n,) for each value, how many times it came before: [7, 8, 7, 7] -> [0, 0, 1, 2]."""
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    rank = np.arange(len(values)) - np.repeat(starts, np.diff(np.r_[starts, len(values)]))
+    out = np.empty(len(values), np.int64)
+    out[order] = rank
+    return out
 
 
 def _fresh_only(fresh: RolloutBatch, info: dict[str, float] | None = None) -> Composition:

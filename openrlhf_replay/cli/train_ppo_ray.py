@@ -26,7 +26,7 @@ import signal
 import sys
 import traceback
 
-from replay import ReplayConfig
+from replay import ReplayConfig, replay_target
 
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
 UNSUPPORTED_ESTIMATORS = ("gae",)  # critic-based: a stored advantage would need the critic of its time
@@ -170,9 +170,9 @@ def _describe(args) -> str:
     config = ReplayConfig.from_namespace(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     k = replay_per_step(config, args)
-    wanted = config.per_prompt * args.rollout.batch_size if config.mode == "success" else config.ratio * fresh
+    wanted = replay_target(config, fresh, args.rollout.batch_size)
     note = "" if k == wanted else (
-        f" ({wanted:g} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
+        f" ({wanted} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
         "runs the same optimizer steps)")
     if config.mode == "success":
         pool = (f"the offline pool {config.success_pool}" if config.success_pool else

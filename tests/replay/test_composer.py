@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from replay import (ReplayConfig, RolloutBatch, RolloutStore, compose, compose_rlep, group_normalise,
-                    nominal_replay_count, replay_count, sampler_from_config)
+                    nominal_replay_count, replay_count, replay_target, sampler_from_config)
 from replay.testing import random_batch
 
 
@@ -17,7 +17,7 @@ from replay.testing import random_batch
     (10, 1.0, 30, 0, 0, 0),
 ])
 def test_replay_count(n_fresh, ratio, step, warmup, available, k):
-    assert replay_count(n_fresh, ratio, step, warmup, available) == k
+    assert replay_count(nominal_replay_count(n_fresh, ratio), step, warmup, available) == k
 
 
 @pytest.mark.parametrize("n_fresh, ratio, available, m, k", [
@@ -27,16 +27,17 @@ def test_replay_count(n_fresh, ratio, step, warmup, available, k):
     (100, 0.5, 15, 16, 0),
 ])
 def test_replay_count_multiple_of(n_fresh, ratio, available, m, k):
-    assert replay_count(n_fresh, ratio, 30, 0, available, multiple_of=m) == k
+    assert replay_count(nominal_replay_count(n_fresh, ratio, m), 30, 0, available, multiple_of=m) == k
     with pytest.raises(ValueError, match="multiple_of must be an integer >= 1, got 0"):
-        replay_count(n_fresh, ratio, 30, 0, available, multiple_of=0)
+        nominal_replay_count(n_fresh, ratio, multiple_of=0)
 
 
 @pytest.mark.parametrize("ratio, k", [(0.5, 512), (0.625, 768), (0.125, 256), (0.12, 0), (1.0, 1024)])
 def test_one_rounding_rule_halves_up_to_whole_training_batches(ratio, k):
     # 1,024 fresh rollouts per step, training batches of 256 (the launch scripts' settings).
     assert nominal_replay_count(1024, ratio, 256) == k
-    assert replay_count(1024, ratio, 30, 20, 10 ** 6, 256) == k  # the buffer draws the same count
+    # The buffer draws the same count.
+    assert replay_target(ReplayConfig(mode="uniform", ratio=ratio), 1024, 128, 256) == k
 
 
 @pytest.mark.parametrize("mode", ["naive", "uniform", "advantage", "freshness", "success"])
@@ -49,9 +50,9 @@ def test_replayed_count_is_a_multiple_when_asked(mode):
         comp = buf.step(random_batch(rng, 5, 3, step, n_prompts=3, group_id_base=10 * step), step, multiple_of=4)
         if mode == "success":  # RLEP's exact count, and inert rows that complete the last batch
             assert (len(comp.replayed) + comp.inert) % 4 == 0 and comp.inert < 4
-            assert len(comp.replayed) <= 2 * len(np.unique(comp.fresh.prompt_uids))
+            assert len(comp.replayed) <= 2 * len(np.unique(comp.fresh.group_ids))  # per_prompt x groups
             continue
-        assert len(comp.replayed) % 4 == 0 and len(comp.replayed) <= replay_count(15, 0.7, step, 0, 10 ** 9, 4)
+        assert len(comp.replayed) % 4 == 0 and len(comp.replayed) <= nominal_replay_count(15, 0.7, 4)
     assert buf.metrics()["replay/replayed"] > 0 or mode == "success"
 
 

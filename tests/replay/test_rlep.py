@@ -5,7 +5,8 @@ import collections
 import numpy as np
 import pytest
 
-from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig, RolloutStore, compose_rlep, sampler_from_config
+from replay import (ReplayBuffer, ReplayCheckpointError, ReplayConfig, RolloutStore, compose_rlep, replay_target,
+                    sampler_from_config)
 from replay.pool import POOL_VERSION, SuccessPool, SuccessPoolError, load_pool, pool_mismatch, save_pool
 from replay.testing import random_batch
 
@@ -57,6 +58,25 @@ def test_rlep_composition_is_exact_and_names_the_inert_rows_of_the_last_batch():
     assert collections.Counter(comp.replayed.prompt_uids.tolist()) == {7: 2, 8: 1}  # min(2, 3), min(2, 1)
     assert comp.inert == 5 and comp.info["inert_rows"] == 5  # 3 replayed + 5 = one batch of 8
     assert compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng, multiple_of=3).inert == 0
+
+
+def test_a_prompt_that_comes_in_two_groups_is_served_for_each_group():
+    # RLEP's loader samples replay for each question of its batch on its own, so prompt 7 in
+    # groups 40 and 42 gets min(2, 3) successes in each; prompt 8 (one success) gets 1 in group 41.
+    rng = np.random.default_rng(3)
+    store = _store_with({7: 3, 8: 1})
+    fresh = random_batch(rng, 3, 4, 1).replace(
+        prompt_uids=np.repeat(np.array([7, 8, 7]), 4), group_ids=np.repeat(np.array([40, 41, 42]), 4),
+        rewards=np.tile(np.array([0, 1, 0, 0], np.float32), 3))
+    cfg = ReplayConfig(mode="success", warmup=0, per_prompt=2)
+    assert replay_target(cfg, len(fresh), 3) == 6  # per_prompt x groups, as the launcher counts
+    comp = compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng, multiple_of=8)
+    joined = collections.Counter(zip(comp.replayed.group_ids.tolist(), comp.replayed.prompt_uids.tolist()))
+    assert joined == {(40, 7): 2, (41, 8): 1, (42, 7): 2}
+    assert comp.inert == 3  # 5 replayed + 3 inert = one batch of 8
+    for g in (40, 42):  # within a group, no success twice
+        rows = comp.replayed.group_ids == g
+        assert len(set(comp.indices[rows].tolist())) == 2
 
 
 def _pool(n_prompts=3, tokenizer="tok-a", seed=0) -> SuccessPool:
