@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -221,16 +220,12 @@ class ReplayBuffer:
 
     @classmethod
     def load(cls, path: str | os.PathLike, config: ReplayConfig) -> ReplayBuffer:
-        """A buffer for `config` restored from `path`. A missing file gives an empty buffer when
-        `config.allow_empty_resume`, else ReplayCheckpointError, as do corrupt or incompatible files."""
+        """A buffer for `config` restored from `path`. A missing, corrupt or incompatible file is a
+        ReplayCheckpointError; whether to start empty instead (`--replay.allow_empty_resume`) is the
+        resuming caller's decision (`ppo_trainer.py:restore_replay_state`)."""
         buf = cls(config)
         if not os.path.exists(path):
-            if not config.allow_empty_resume:
-                raise ReplayCheckpointError(f"{os.fspath(path)}: no such replay checkpoint (pass "
-                                            "--replay.allow_empty_resume to resume with an empty buffer)")
-            warnings.warn(f"{os.fspath(path)}: no replay checkpoint, starting with an empty buffer "
-                          "(replay.allow_empty_resume)", stacklevel=2)
-            return buf
+            raise ReplayCheckpointError(f"{os.fspath(path)}: no such replay checkpoint")
         state = load_state(path)
         try:
             buf.load_state_dict(state)
