@@ -68,6 +68,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `replay` importable (the TorchRL side needs only numpy)
     sys.path.insert(0, str(ROOT))
 
+from replay.composer import group_normalise  # noqa: E402  (numpy only, as the TorchRL side needs)
+
 DEFAULT_TORCHRL_PYTHON = ROOT / ".venv-torchrl" / "bin" / "python"
 SETUP_HINT = "bash benchmarks/setup_torchrl_env.sh  (creates .venv-torchrl: torch 2.14.1, torchrl 0.14.1, tensordict 0.14.3)"
 GATHERED = ("prompt_ids", "prompt_offsets", "response_ids", "response_offsets", "behaviour_logprobs",
@@ -165,21 +167,12 @@ def make_step(w: Workload, step: int) -> dict[str, np.ndarray]:
         "action_mask": np.ones(n_resp, np.bool_),
         "behaviour_logprobs": -rng.exponential(size=n_resp).astype(np.float32),
         "rewards": rewards,
-        "advantages": _group_normalise(rewards, group),
+        "advantages": group_normalise(rewards, group),
         "prompt_uids": (group + step * g).astype(np.int64),
         "group_ids": group.astype(np.int64),
         "versions": np.full(n, step, np.int64),
         "reuse_counts": np.zeros(n, np.int32),
     }
-
-
-def _group_normalise(rewards: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """(r - mean) / (std + 1e-9) per group, Bessel's std (the GRPO advantage), (n,) float32."""
-    r = rewards.astype(np.float64)
-    counts = np.bincount(group)
-    dev = r - (np.bincount(group, weights=r) / counts)[group]
-    std = np.sqrt(np.bincount(group, weights=dev * dev) / np.maximum(counts - 1, 1))
-    return (dev / (std[group] + 1e-9)).astype(np.float32)
 
 
 def checksum(fields: dict[str, np.ndarray]) -> int:

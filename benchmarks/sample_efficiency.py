@@ -55,6 +55,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 import se_analysis  # noqa: E402
+from replay import field_help  # noqa: E402
 from se_task import (PROMPT_TEMPLATE, TaskConfig, WarmStartConfig, evaluate_heldout,  # noqa: E402
                      rate_histogram, split_problems, success_rates, warm_start, write_prompt_file)
 
@@ -212,7 +213,7 @@ class Args:
 def parse_args(argv=None) -> Args:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    docs = _field_docs()
+    docs = field_help(Args)
     for f in dataclasses.fields(Args):
         flag = "--" + f.name.replace("_", "-")
         help_text = docs.get(f.name, "").replace("%", "%%")
@@ -222,12 +223,6 @@ def parse_args(argv=None) -> Args:
             kind = {"int": int, "float": float, "str": str, "Path": Path}[str(f.type).split(" | ")[0]]
             parser.add_argument(flag, type=kind, default=f.default, help=help_text)
     return Args(**vars(parser.parse_args(argv)))
-
-
-def _field_docs() -> dict[str, str]:
-    """The docstring under each Args field (for --help)."""
-    source = Path(__file__).read_text().split("class Args:", 1)[1].split("def __post_init__", 1)[0]
-    return {m[0]: " ".join(m[1].split()) for m in re.findall(r"(\w+): [^\n]+\n\s+\"\"\"(.*?)\"\"\"", source, re.S)}
 
 
 # --------------------------------------------------------------------------------- one run

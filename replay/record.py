@@ -38,7 +38,6 @@ _LAYOUT: dict[str, tuple[type, str]] = {
     "versions": (np.int64, "rollout"),
     "reuse_counts": (np.int32, "rollout"),
 }
-TOKEN_FIELDS = ("response_ids", "action_mask", "behaviour_logprobs")
 ROLLOUT_FIELDS = tuple(k for k, (_, kind) in _LAYOUT.items() if kind == "rollout")
 
 

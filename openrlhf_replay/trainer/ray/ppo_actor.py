@@ -26,6 +26,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REPLAYED_KEY, per_kind
 from openrlhf_replay.utils import undecorated
+from replay import ReplayConfig
 
 # Generation statistics that mean something on replayed rows too (stored with the rollout).
 REPLAYED_ROW_STATS = ("reward", "response_length")
@@ -108,7 +109,7 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         self._received = {"fresh": 0, "replayed": 0}
-        if getattr(getattr(strategy.args, "replay", None), "mode", "none") != "none":
+        if ReplayConfig.from_namespace(strategy.args).enabled:
             # Upstream builds its ActorPPOTrainer inline; building a second one would open a
             # second weight-sync group to vLLM, so the instance is switched to the subclass.
             self.trainer.__class__ = ReplayActorPPOTrainer
