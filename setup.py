@@ -13,7 +13,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["replay", "replay.*", "openrlhf_replay", "openrlhf_replay.*",
-                                    "evaluation", "evaluation.*"]),
+                                    "evaluation", "evaluation.*", "infra", "infra.*"]),
     # The heavy stacks differ between a GPU node and a CPU machine: see requirements/.
     # Only what the pure replay core needs is a hard dependency.
     install_requires=["numpy"],

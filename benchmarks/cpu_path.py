@@ -5,7 +5,7 @@ Each line compares two settings of one knob in the same process, alternating the
 
 1. dtype: a 1024 x 1024 matmul, and one forward + backward of a causal LM (SmolLM2-135M's shape,
    random weights) on `--batch` x `--tokens`, in fp32 and bf16. bf16 is what the CPU platform used
-   everywhere before it chose by CPU (`evaluation.hardware.choose_cpu_dtype`).
+   everywhere before it chose by CPU (`infra.hardware.choose_cpu_dtype`).
 2. threads: the same forward + backward with 1 thread and with every core (what the platform
    gives each Ray worker through OMP_NUM_THREADS).
 3. gradient checkpointing: the same forward + backward with and without it.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype, cpu_description  # noqa: E402
+from infra.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype, cpu_description  # noqa: E402
 
 
 def take_turns(settings: dict, rounds: int) -> dict[str, list]:
@@ -215,7 +215,7 @@ def main() -> None:
     out["parameters"] = sum(p.numel() for p in params)
     print(f"optimizer step: {adam}", flush=True)
     if not args.skip_vllm:
-        from evaluation.cli import resolve_model
+        from infra.models import resolve_model
 
         del model, optimizers, params
         out["vllm"] = vllm_layouts(resolve_model(args.vllm_model), args.rounds, args.vllm_prompts, args.vllm_tokens)

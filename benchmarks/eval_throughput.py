@@ -25,9 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evaluation import benchmarks  # noqa: E402
-from evaluation.cli import default_data_dir, resolve_model  # noqa: E402
-from evaluation.datasources import load_hub  # noqa: E402
-from evaluation.errors import UserError  # noqa: E402
+from infra.datasources import default_data_dir  # noqa: E402
+from infra.models import resolve_model  # noqa: E402
+from infra.datasources import load_hub  # noqa: E402
+from infra.errors import UserError  # noqa: E402
 
 
 def math500_solutions(data_dir: Path | None) -> list[str]:

@@ -45,7 +45,7 @@ def reward_func(queries, prompts, labels):
 
 
 def _prompts(path: Path, n: int) -> None:
-    from evaluation.datasources import GSM8K_TRAIN_FILE, data_root
+    from infra.datasources import GSM8K_TRAIN_FILE, data_root
     from openrlhf_replay.cpu.quickstart import prepare_data
 
     source = data_root() / GSM8K_TRAIN_FILE

@@ -646,7 +646,7 @@ def main(argv=None) -> dict:
         log_file.write(line + "\n")
         log_file.flush()
 
-    from evaluation.hardware import cpu_description
+    from infra.hardware import cpu_description
 
     t_start, load_start = time.perf_counter(), os.getloadavg()
     runs = []

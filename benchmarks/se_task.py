@@ -1,7 +1,7 @@
 """The sample-efficiency lab's task family and warm start: arithmetic with a boxed answer.
 
 Why arithmetic: on this machine (2 cores, no GPU) a run must finish in about a minute through the
-real pipeline, so the policy is a 0.53M-parameter Qwen3 (`evaluation.models.build_tiny_qwen3`:
+real pipeline, so the policy is a 0.53M-parameter Qwen3 (`infra.models.build_tiny_qwen3`:
 2 layers, hidden 128, with a byte-level tokenizer trained on the task so every digit is one
 token), and the reward (math-verify on the boxed answer, `evaluation/reward.py`) is exact.
 
@@ -345,7 +345,7 @@ def _check_digits_are_single_tokens(tokenizer) -> None:
 
 def warm_start(out_dir: Path, task: TaskConfig, cfg: WarmStartConfig, log=print) -> Path:
     """Build (once, cached by recipe) the supervised warm-started model at `out_dir`."""
-    from evaluation.models import _build_once, build_tiny_qwen3
+    from infra.models import build_once, build_tiny_qwen3
 
     split = split_problems(task)
     recipe = {"task": asdict(task), "warm_start": asdict(cfg), "version": 2}
@@ -399,4 +399,4 @@ def warm_start(out_dir: Path, task: TaskConfig, cfg: WarmStartConfig, log=print)
                     break
         (tmp / "warm_start.json").write_text(json.dumps({"recipe": recipe, "history": history}, indent=1))
 
-    return _build_once(out_dir, recipe, build)
+    return build_once(out_dir, recipe, build)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from evaluation.datasources import DATA_ENV, DataUnavailableError, load_hub
-from evaluation.errors import UserError
+from infra.datasources import DATA_ENV, DataUnavailableError, load_hub
+from infra.errors import UserError
 
 logger = logging.getLogger(__name__)
 

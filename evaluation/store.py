@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from evaluation.errors import UserError
+from infra.errors import UserError
 
 logger = logging.getLogger(__name__)
 

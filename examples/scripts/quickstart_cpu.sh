@@ -146,7 +146,7 @@ say "trained model: $RUN_DIR/model; checkpoint (replay state in _replay/): $RUN_
 if [ "$EVAL" = 1 ]; then
   say "5/5 evaluation: the model before and after training on held-out problems ($HELDOUT_SAMPLES samples each, temperature $TEMPERATURE, up to $MAX_NEW_TOKENS tokens), then $EVAL_LIMIT problems of each of the five benchmarks, greedy, up to $EVAL_MAX_NEW_TOKENS tokens"
   # The CPU platform's OpenMP settings (openrlhf_replay/cpu/__init__.py) for the evaluation too; the
-  # harness places vLLM's model itself (evaluation/hardware.py:VLLM_CPU_PROCESS_ENV).
+  # harness places vLLM's model itself (infra/hardware.py:VLLM_CPU_PROCESS_ENV).
   run_logged "$RUN_DIR/eval.log" env OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS="$(nproc)" \
     "$python" -m openrlhf_replay.cpu.quickstart evaluate --base "$model_dir" --trained "$RUN_DIR/model" \
     --prompts "$RUN_DIR/prompts.jsonl" --source "$DATA" --out "$RUN_DIR/heldout" --problems "$HELDOUT" \

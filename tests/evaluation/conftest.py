@@ -1,7 +1,7 @@
 """Shared fixtures for the evaluation tests: real local models, built once per session.
 
 Models are built under a session temp dir (never ~/.cache) with the project's own builders,
-so these fixtures also exercise `evaluation.models`.
+so these fixtures also exercise `infra.models`.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.datasources import DATA_ENV, data_root
-from evaluation.models import build_tiny_qwen3, prepare_smollm2
+from infra.datasources import DATA_ENV, data_root
+from infra.models import build_tiny_qwen3, prepare_smollm2
 
 REPO = Path(__file__).resolve().parents[2]
 DATA_DIR = data_root() / "benchmarks"

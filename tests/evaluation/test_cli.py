@@ -10,7 +10,7 @@ import time
 import pytest
 
 from evaluation import benchmarks, cli
-from evaluation.models import build_tiny_qwen3
+from infra.models import build_tiny_qwen3
 from evaluation.records import VERDICTS, SampleRecord
 
 TINY_ARGS = ["--backend", "hf", "--benchmarks", "math500,gsm8k", "--limit", "3",

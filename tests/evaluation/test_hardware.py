@@ -2,7 +2,7 @@
 override, and what the evaluation backends load with."""
 import pytest
 
-from evaluation.hardware import DTYPE_ENV, choose_cpu_dtype, cpu_description, cpu_flags
+from infra.hardware import DTYPE_ENV, choose_cpu_dtype, cpu_description, cpu_flags
 from evaluation.generation import HFBackend, estimate_kv_cache_gib, resolve_dtype
 
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})

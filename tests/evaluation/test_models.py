@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from evaluation import models
-from evaluation.errors import UserError
-from evaluation.models import COMPLETE_MARKER, _one_gguf_parse, build_tiny_qwen3, find_smollm2_gguf
+from infra import models
+from infra.errors import UserError
+from infra.models import COMPLETE_MARKER, _one_gguf_parse, build_tiny_qwen3, find_smollm2_gguf
 
 SMALL = dict(corpus=["What is 2 + 3? The answer is \\boxed{5}.", "Natalia sold 48 clips."] * 50,
              vocab_size=400, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,

@@ -7,7 +7,7 @@ import pytest
 
 from evaluation import cli, comparison, report
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
-from evaluation.errors import UserError
+from infra.errors import UserError
 from evaluation.metrics import aes, summarize
 
 PNG = b"\x89PNG\r\n\x1a\n"

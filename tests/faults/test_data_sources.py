@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from evaluation import benchmarks, cli
-from evaluation.datasources import DATA_ENV, DataUnavailableError
-from evaluation.models import build_tiny_qwen3
+from evaluation import benchmarks
+from infra.datasources import DATA_ENV, DataUnavailableError, default_data_dir
+from infra.models import build_tiny_qwen3
 from openrlhf_replay.cpu import quickstart
 
 ROOT = Path(__file__).resolve().parents[2]
-CODE = ("evaluation", "openrlhf_replay", "replay", "examples", "benchmarks")
+CODE = ("evaluation", "infra", "openrlhf_replay", "replay", "examples", "benchmarks")
 SMALL = dict(vocab_size=300, hidden_size=64, num_hidden_layers=1, num_attention_heads=1,
              num_key_value_heads=1, head_dim=64, intermediate_size=128)
 GSM8K_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"} for i in range(8)]
@@ -80,8 +80,8 @@ def hub(monkeypatch, tmp_path):
 
 def test_defaults_read_the_hub_copies_they_name(hub, tmp_path):
     hub.rows = GSM8K_ROWS
-    assert cli.default_data_dir() is None  # no local benchmarks/ in the data folder
-    problems = benchmarks.load("gsm8k", cli.default_data_dir())
+    assert default_data_dir() is None  # no local benchmarks/ in the data folder
+    problems = benchmarks.load("gsm8k", default_data_dir())
     assert [p.answer for p in problems[:2]] == ["0", "2"] and hub.calls == [("openai/gsm8k", "main", "test")]
 
     model = build_tiny_qwen3(tmp_path / "tiny", **SMALL)  # its tokenizer corpus: GSM8K train

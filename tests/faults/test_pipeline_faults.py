@@ -183,7 +183,7 @@ def _kill_vllm_engine(proc, tag):
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    from evaluation.models import build_tiny_qwen3
+    from infra.models import build_tiny_qwen3
 
     tmp = tmp_path_factory.mktemp("faults")
     texts = _prompts(tmp / "prompts.jsonl")

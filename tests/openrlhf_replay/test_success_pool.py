@@ -21,7 +21,7 @@ SMALL = dict(vocab_size=400, hidden_size=64, num_hidden_layers=1, num_attention_
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    from evaluation.models import build_tiny_qwen3
+    from infra.models import build_tiny_qwen3
 
     corpus = [f"Sam has {a} apples and buys {a + 1} more. The answer is \\boxed{{{2 * a + 1}}}." for a in range(40)]
     return build_tiny_qwen3(tmp_path_factory.mktemp("tok") / "tiny", corpus=corpus, **SMALL)

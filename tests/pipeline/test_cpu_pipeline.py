@@ -97,7 +97,7 @@ def _run(tmp: Path, name: str, argv: list[str], env_extra: dict | None = None) -
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from evaluation.models import build_tiny_qwen3
+    from infra.models import build_tiny_qwen3
 
     tmp = tmp_path_factory.mktemp("cpu_pipeline")
     texts = _prompts(tmp / "prompts.jsonl")
@@ -197,7 +197,7 @@ def test_every_process_computes_in_the_chosen_dtype(runs):
     vLLM engine, the weight sync and the saved model all use it."""
     from safetensors.torch import load_file
 
-    from evaluation.hardware import choose_cpu_dtype
+    from infra.hardware import choose_cpu_dtype
 
     chosen = choose_cpu_dtype()
     for name in ("replay", "control"):

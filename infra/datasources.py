@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from evaluation.errors import UserError
+from infra.errors import UserError
 
 DATA_ENV = "OPENRLHF_REPLAY_DATA"
 GSM8K_TRAIN_HUB = ("openai/gsm8k", "main", "train")
@@ -74,3 +74,10 @@ def gsm8k_hub_rows(*, missing: str = "GSM8K training data: the hub's copy was as
     DataUnavailableError with `missing` and `provide` (see `load_hub`)."""
     rows = load_hub(*GSM8K_TRAIN_HUB, missing=missing, provide=provide)
     yield from ((f"hub:{GSM8K_TRAIN_HUB[0]} row {i}", row) for i, row in enumerate(rows, 1))
+
+
+def default_data_dir() -> str | None:
+    """`benchmarks/` of the data folder (`data_root`) when it exists; None
+    (the hub's copies) otherwise."""
+    folder = data_root() / "benchmarks"
+    return str(folder) if folder.is_dir() else None
