@@ -81,7 +81,8 @@ def grade_matches(cases: list[Case], workers: int = 2, timeout_s: float = 30.0) 
     per-sample limit of `timeout_s` (roomier than the default 10 s: on a loaded machine a few
     cases take longer, and a TIMEOUT would measure the load, not the grader)."""
     sys.path.insert(0, str(REPO))
-    from evaluation.grader import Grader, Verdict
+    from evaluation.grader import Grader
+    from evaluation.verify import Verdict
 
     with Grader(workers=workers, timeout_s=timeout_s) as pool:
         graded = pool.grade_many_detailed([(c.response, c.gold) for c in cases])

@@ -210,7 +210,8 @@ def _sample_and_grade(model_dir, problems: list[Problem], runs: Sequence[tuple[i
     graded by its bounded pool: (correct flags, token counts), each (problems, n). `seed`: one base
     seed, or one per problem. The model is loaded once and every answer graded in one batch."""
     from evaluation.generation import make_backend
-    from evaluation.grader import Verdict, shared_grader
+    from evaluation.grader import shared_grader
+    from evaluation.verify import Verdict
 
     # Fetched before generating so that, on the first call, the pool's workers start while the
     # model generates; later calls reuse it. At most 10 s of a worker per answer.

@@ -33,7 +33,8 @@ from evaluation import analysis, benchmarks, breakdown, comparison, provenance, 
 from infra.datasources import default_data_dir
 from infra.errors import UserError
 from evaluation.generation import BACKENDS, derive_seed, estimate_kv_cache_gib, make_backend
-from evaluation.grader import Grader, GraderStartupError
+from evaluation.grader import Grader
+from evaluation.grader_worker import GraderStartupError
 from infra.models import resolve_model
 from evaluation.prompting import resolve_template
 from evaluation.records import SampleRecord

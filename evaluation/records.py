@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 
 VERDICTS = ("correct", "incorrect", "unparseable", "timeout")
-"""The values of `evaluation.grader.Verdict`, repeated here so records need no grader import."""
+"""The values of `evaluation.verify.Verdict`, repeated here so records need no grader import."""
 
 METADATA_FIELDS = ("level", "subject", "subfield")
 """Optional per-problem fields copied from the benchmark row, for breakdowns."""

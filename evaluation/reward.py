@@ -12,7 +12,7 @@ OPENRLHF_REPLAY_REWARD_TIMEOUT_S seconds of a worker's time, default 10; no sign
 timeouts in these threads). OPENRLHF_REPLAY_REWARD_WORKERS sets the pool's general workers
 (default min(4, cpus); the pool has one fast-lane worker more, for plain-number answers); both are
 read when this file is loaded. The answer is extracted as `grade()` extracts it
-(`evaluation.grader.extract_answer`): several boxes joined into one answer count together, and a
+(`evaluation.verify.extract_answer`): several boxes joined into one answer count together, and a
 cut extraction is never rewarded.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ if __name__ != "evaluation.reward":
 import torch  # noqa: E402
 
 from evaluation import grader as _grading  # noqa: E402
-from evaluation.grader import Verdict  # noqa: E402
+from evaluation.verify import Verdict  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

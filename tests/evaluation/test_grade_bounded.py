@@ -24,7 +24,8 @@ import pytest
 pytest.importorskip("math_verify")
 
 from evaluation import grader  # noqa: E402
-from evaluation.grader import Verdict, grade, shared_grader  # noqa: E402
+from evaluation.grader import grade, shared_grader  # noqa: E402
+from evaluation.verify import Verdict  # noqa: E402
 from grader_pool import grading_pids  # noqa: E402
 
 C, I, U, T = Verdict.CORRECT, Verdict.INCORRECT, Verdict.UNPARSEABLE, Verdict.TIMEOUT

@@ -17,9 +17,10 @@ pytest.importorskip("math_verify")
 
 from evaluation.benchmarks import extract_boxed  # noqa: E402
 from evaluation.extraction import is_balanced, prepare_response  # noqa: E402
-from evaluation import grader as grader_module  # noqa: E402
-from evaluation.grader import (Grader, GraderStartupError, Verdict,  # noqa: E402
-                               grade_detailed)
+from evaluation import grader_worker  # noqa: E402
+from evaluation.grader import Grader  # noqa: E402
+from evaluation.grader_worker import GraderStartupError  # noqa: E402
+from evaluation.verify import Verdict, grade_detailed  # noqa: E402
 from grader_pool import grading_pids  # noqa: E402
 
 C, I, U, T = Verdict.CORRECT, Verdict.INCORRECT, Verdict.UNPARSEABLE, Verdict.TIMEOUT
@@ -310,7 +311,7 @@ def test_grader_is_thread_safe():
 def test_workers_that_cannot_start_give_a_clear_error(monkeypatch):
     # As when math-verify is missing: each start fails, and after MAX_FAILED_STARTS the sample
     # fails with GraderStartupError quoting the worker's own last words.
-    monkeypatch.setattr(grader_module, "_BOOT", "raise SystemExit('no math-verify (simulated)')")
+    monkeypatch.setattr(grader_worker, "_BOOT", "raise SystemExit('no math-verify (simulated)')")
     with Grader(workers=1) as grader:
         with pytest.raises(GraderStartupError, match=r"(?s)3 times.*no math-verify \(simulated"):
             grader.submit(r"\boxed{1}", "1").result(timeout=60)

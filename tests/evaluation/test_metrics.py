@@ -5,7 +5,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from evaluation.grader import Verdict
+from evaluation.verify import Verdict
 from evaluation.metrics import (SampleRecord, aes, avg_at_n, bootstrap_ci, g_pass_at_k,
                                 macro_average, maj_at_n, mcnemar_p, mean_t_interval, pass_at_k,
                                 percentile_interval, student_t_quantile, summarize)

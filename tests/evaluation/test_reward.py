@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("math_verify")
 torch = pytest.importorskip("torch")
 
-from evaluation import grader  # noqa: E402
+from evaluation import grader, verify  # noqa: E402
 
 REWARD_PY = Path(__file__).resolve().parents[2] / "evaluation" / "reward.py"
 INSTRUCTION = r"Please reason step by step, and put your final answer within \boxed{}."
@@ -111,8 +111,8 @@ def test_reward_scores_cut_and_multi_box_answers_as_the_grader_does(reward_modul
     out = reward_module.reward_func([prompt + r for r, _, _ in cases], [prompt] * len(cases),
                                     [label for _, label, _ in cases])
     assert out["rewards"].tolist() == [reward for _, _, reward in cases]
-    verdicts = [grader.grade_detailed(r, label).verdict for r, label, _ in cases]
-    assert out["rewards"].tolist() == [float(v is grader.Verdict.CORRECT) for v in verdicts]
+    verdicts = [verify.grade_detailed(r, label).verdict for r, label, _ in cases]
+    assert out["rewards"].tolist() == [float(v is verify.Verdict.CORRECT) for v in verdicts]
     assert out["extra_logs"]["grade_unparseable"].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
