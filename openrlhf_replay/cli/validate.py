@@ -272,9 +272,10 @@ def _to_dict(ns) -> dict:
 
 def check_evaluation(argv: list[str]) -> Report:
     """Parse with the evaluation CLI's parser; `run` / `sweep` options through `RunOptions`."""
-    from evaluation.cli import RunOptions, build_parser
-    from infra.errors import UserError
+    from evaluation.cli import build_parser
     from evaluation.prompting import TEMPLATE_CHOICES
+    from evaluation.runner import RunOptions
+    from infra.errors import UserError
 
     from openrlhf_replay.cli.train_ppo_ray import _patched
 

@@ -253,7 +253,7 @@ def evaluate(args: argparse.Namespace) -> dict:
           f"{100 * result['diff']:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}], p = {result['p']:.2g}",
           flush=True)
     if args.benchmarks_out:
-        from evaluation.cli import RunOptions, run
+        from evaluation.runner import RunOptions, run
         from infra.errors import UserError
 
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
