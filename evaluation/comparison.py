@@ -14,7 +14,6 @@ The statistics are those of `evaluation.analysis`.
 """
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,9 @@ from pathlib import Path
 from evaluation import analysis, provenance, report
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
 from evaluation.breakdown import PER_BENCHMARK, breakdown_tables
-from infra.errors import UserError
+from evaluation.comparison_csv import paired_rows, write_csvs
 from evaluation.store import SampleStore
+from infra.errors import UserError
 
 MAX_IDS_SHOWN = 15
 """Flipped problem ids listed per run and benchmark in compare.md (all are in the CSV)."""
@@ -224,15 +224,6 @@ def markdown(c: Comparison) -> str:
     return "\n".join(md)
 
 
-def _paired_rows(c: Comparison) -> list[tuple[str, analysis.PairedDifference]]:
-    out = []
-    for label, p in c.paired.items():
-        out += [(label, d) for d in p.per_benchmark.values()]
-        if p.average is not None:
-            out.append((label, p.average))
-    return out
-
-
 def _paired_markdown(c: Comparison) -> list[str]:
     if not c.paired:
         return []
@@ -244,7 +235,7 @@ def _paired_markdown(c: Comparison) -> list[str]:
                  [[label, name.get(d.benchmark, d.benchmark), str(d.n_shared), _signed(d.diff),
                    _interval(d.ci, signed=True), d.test, f"{d.p_value:.3g}",
                    "**yes**" if d.resolved else "no", str(len(d.gained)), str(len(d.lost))]
-                  for label, d in _paired_rows(c)])
+                  for label, d in paired_rows(c)])
     md += ["", f"Run minus `{base}` on the problems both answered, matched by problem id. CI: "
            "paired bootstrap (the same problems drawn for both runs). Tests (two-sided): exact "
            "McNemar on the problems that flipped (one sample per problem), or the sign test on "
@@ -368,7 +359,7 @@ def write(out_dir: Path, c: Comparison) -> None:
     """compare.md, the CSVs, compare_provenance.json and the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "compare.md").write_text(markdown(c), encoding="utf-8")
-    _write_csvs(out_dir, c)
+    write_csvs(out_dir, c)
     (out_dir / "compare_provenance.json").write_text(json.dumps(
         {"runs": {r.label: {"provenance": r.provenance, "provenance_changes": r.provenance_changes}
                   for r in c.runs},
@@ -394,58 +385,3 @@ def write(out_dir: Path, c: Comparison) -> None:
                      for label, p in c.paired.items()},
                     {label: [None if d is None else (100 * d.ci[0], 100 * d.ci[1])
                              for d in diffs(p)] for label, p in c.paired.items()})
-
-
-def _round(value: float | None, scale: float = 100, digits: int = 3):
-    return "" if value is None else round(scale * value, digits)
-
-
-def _write_csvs(out_dir: Path, c: Comparison) -> None:
-    keys = c.columns + ["avg"]
-    with open(out_dir / "compare.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["run", *c.columns, c.avg_name, "tokens", "AES", "tokens_benchmarks",
-                         *(f"{k}_ci_{end}" for k in [*c.columns, c.avg_name, "AES"]
-                           for end in ("lo", "hi"))])
-        for r in c.rows:
-            cis = [r["ci"].get(k) for k in keys]
-            writer.writerow([r["run"], *(_round(r[b]) for b in c.columns), _round(r["avg"]),
-                             round(r["tokens"], 2), _round(r["aes"], 1, 4), " ".join(c.averaged),
-                             *(_round(ci[i]) if ci else "" for ci in cis for i in (0, 1)),
-                             *(_round(r["aes_ci"][i], 1, 4) if r["aes_ci"] else ""
-                               for i in (0, 1))])
-    with open(out_dir / "compare_paired.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["run", "baseline", "benchmark", "problems", "diff_points", "ci_lo_points",
-                         "ci_hi_points", "test", "p_value", "resolved", "gained", "lost",
-                         "gained_ids", "lost_ids"])
-        for label, d in _paired_rows(c):
-            writer.writerow([label, c.rows[0]["run"],
-                             c.avg_name if d.benchmark == "avg" else d.benchmark, d.n_shared,
-                             _round(d.diff), _round(d.ci[0]), _round(d.ci[1]), d.test,
-                             f"{d.p_value:.6g}", "yes" if d.resolved else "no", len(d.gained),
-                             len(d.lost), " ".join(d.gained), " ".join(d.lost)])
-    with open(out_dir / "compare_breakdown.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["run", "table", *report.BREAKDOWN_COLUMNS])
-        for run in c.runs:
-            for title, rows in run.breakdown.items():
-                writer.writerows([run.label, title, *(row[k] for k in report.BREAKDOWN_COLUMNS)]
-                                 for row in rows)
-    if c.groups:
-        with open(out_dir / "compare_seeds.csv", "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["condition", "seeds", "metric", "median", "q1", "q3", "mean",
-                             "ci_lo", "ci_hi", "median_diff_vs_baseline", "sign_test_p"])
-            for g in c.groups:
-                for k in keys:
-                    s = g.stats(k)
-                    if s is None:
-                        continue
-                    t = c.seed_tests.get(g.condition, {}).get(k)
-                    writer.writerow([g.condition, " ".join(map(str, g.seeds)),
-                                     c.avg_name if k == "avg" else k,
-                                     *(_round(s[x]) for x in ("median", "q1", "q3", "mean")),
-                                     *(_round(v) for v in (s["ci"] or (None, None))),
-                                     _round(t["median_diff"]) if t else "",
-                                     f"{t['p_value']:.6g}" if t else ""])

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from replay.chunk import Chunk
 from replay.record import REFUSAL_REASONS, ROLLOUT_FIELDS, RolloutBatch, gather_segments, refusals
 
 # What an insertion keeps (errors and non-finite values are refused before any rule):
@@ -76,51 +77,6 @@ class StoreView:
         return step - self.versions
 
 
-class _Chunk:
-    """One insertion's token data. `action_mask` is None when it was all True (the usual case),
-    which saves one byte per token."""
-
-    __slots__ = ("prompt_ids", "prompt_offsets", "response_ids", "response_offsets", "action_mask",
-                 "logprobs", "start")
-
-    def __init__(self, batch: RolloutBatch, rows: np.ndarray) -> None:
-        """A copy of rollouts `rows` (increasing) of `batch`: one contiguous copy per array when
-        the rows are consecutive. An all-True mask is not copied at all."""
-        zeros = np.zeros(len(rows), np.int64)
-        self.prompt_offsets, (self.prompt_ids,) = gather_segments(
-            [batch.prompt_ids], zeros, batch.prompt_offsets[rows], batch.prompt_offsets[rows + 1])
-        mask = () if batch.action_mask.all() else (batch.action_mask,)
-        self.response_offsets, (self.response_ids, self.logprobs, *mask) = gather_segments(
-            [(batch.response_ids, batch.behaviour_logprobs, *mask)], zeros, batch.response_offsets[rows],
-            batch.response_offsets[rows + 1])
-        self.action_mask = mask[0] if mask and not mask[0].all() else None
-        self.start = 0  # rows before this are evicted
-
-    def __len__(self) -> int:
-        return len(self.prompt_offsets) - 1
-
-    def compacted(self) -> _Chunk:
-        """A copy holding only the live rows (frees the bytes of evicted ones)."""
-        s = self.start
-        ch = object.__new__(_Chunk)
-        p0, r0 = self.prompt_offsets[s], self.response_offsets[s]
-        ch.prompt_ids, ch.prompt_offsets = self.prompt_ids[p0:].copy(), self.prompt_offsets[s:] - p0
-        ch.response_ids, ch.response_offsets = self.response_ids[r0:].copy(), self.response_offsets[s:] - r0
-        ch.action_mask = None if self.action_mask is None else self.action_mask[r0:].copy()
-        ch.logprobs = self.logprobs[r0:].copy()
-        ch.start = 0
-        return ch
-
-    @property
-    def n_live(self) -> int:
-        return len(self) - self.start
-
-    @property
-    def nbytes(self) -> int:
-        arrays = [self.prompt_ids, self.prompt_offsets, self.response_ids, self.response_offsets, self.logprobs]
-        return sum(a.nbytes for a in arrays) + (0 if self.action_mask is None else self.action_mask.nbytes)
-
-
 class _Rows:
     """Per-rollout columns of the live rollouts, oldest first, appended at the back and dropped from
     the front without copying the rest: each column is a slice of a backing array with room to
@@ -179,14 +135,14 @@ class RolloutStore:
         self.capacity, self.max_age_steps, self.keep = capacity, max_age_steps, keep
         self.min_abs_advantage, self.success_threshold = min_abs_advantage, success_threshold
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
-        self._chunks: collections.deque[_Chunk] = collections.deque()
+        self._chunks: collections.deque[Chunk] = collections.deque()
         self._chunks_dropped = 0  # the number of self._chunks[0] in the table's "chunk" column
         self._rows = _Rows()
         self._next_serial = 0
         self._newest_serial = 0  # rollouts with a serial from here on came in with the last insertion
         self.max_priority = 1.0  # PER's running maximum priority (new entries start at 1.0)
         self._last_version: int | None = None
-        self._cache: tuple[StoreView, dict[str, np.ndarray], list[_Chunk]] | None = None
+        self._cache: tuple[StoreView, dict[str, np.ndarray], list[Chunk]] | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -281,7 +237,7 @@ class RolloutStore:
     def _append(self, batch: RolloutBatch, rows: np.ndarray, versions: np.ndarray, serials: np.ndarray,
                 priorities: np.ndarray) -> None:
         """Store rollouts `rows` of `batch` as a new chunk, with these versions, serials and priorities."""
-        ch = _Chunk(batch, rows)
+        ch = Chunk(batch, rows)
         self._rows.append({k: getattr(batch, k)[rows] for k in ROLLOUT_FIELDS} | {
             "versions": versions, "serials": serials, "response_lengths": np.diff(ch.response_offsets),
             "priorities": priorities,
@@ -397,7 +353,7 @@ class RolloutStore:
                              f"got min {idx.min()} max {idx.max()}")
         return idx
 
-    def _cached(self) -> tuple[StoreView, dict[str, np.ndarray], list[_Chunk]]:
+    def _cached(self) -> tuple[StoreView, dict[str, np.ndarray], list[Chunk]]:
         if self._cache is None:
             rows = self._rows.live()  # slices: nothing is copied
             for a in rows.values():

@@ -11,8 +11,8 @@ import textwrap
 import pytest
 
 from openrlhf_replay.cpu import launcher
-from openrlhf_replay.cpu.quickstart import (ARITHMETIC, HUB, QuickstartError, diagnose, prepare_data,
-                                            step_summary)
+from openrlhf_replay.cpu.progress import diagnose, step_summary
+from openrlhf_replay.cpu.quickstart import ARITHMETIC, HUB, QuickstartError, prepare_data
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
