@@ -45,7 +45,7 @@ if [[ $PYTHON == */* ]]; then  # a relative path would break once a run changes 
   PYTHON=$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")
 fi
 DRY_RUN=${DRY_RUN:-0}
-REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/cli/rehearse.py); all: at every scale and GPU count too
+REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/rehearsal/); all: at every scale and GPU count too
 REHEARSE_SOLVE_RATE=${REHEARSE_SOLVE_RATE:-}     # the rehearsal's mean P(correct) over prompts (unset: its default, 0.4; see rehearse.py --help)
 
 # ---- the algorithm (docs/METHOD.md sections 2-3)
@@ -291,7 +291,7 @@ launch_training() {
       done
     fi
     # The report is also kept where compare.sh looks for it, named after the run it rehearses.
-    "$PYTHON" -m openrlhf_replay.cli.rehearse "${shapes[@]}" ${REHEARSE_SOLVE_RATE:+--solve-rate "$REHEARSE_SOLVE_RATE"} \
+    "$PYTHON" -m openrlhf_replay.rehearsal "${shapes[@]}" ${REHEARSE_SOLVE_RATE:+--solve-rate "$REHEARSE_SOLVE_RATE"} \
       --report "$RUNS_DIR/$(model_tag "$MODEL")/rehearsal/$(basename "$OUTPUT_DIR").json" -- "${cmd[@]}"
     return
   fi

@@ -11,7 +11,7 @@
 # compare_provenance.json and plots with error bars. Then each run's optimizer steps per rollout
 # step (and replayed rollouts per step, and how replayed rows' pi_old is taken), from its
 # rehearsal's report, beside its average accuracy, tokens and AES: compare_steps.md / .csv, also
-# appended to compare.md (`python -m openrlhf_replay.cli.rehearsal_report beside`). Equal rollout
+# appended to compare.md (`python -m openrlhf_replay.rehearsal.report beside`). Equal rollout
 # steps are not equal training: replay trains on more rows per step.
 #   BASELINE=<eval directory>    the AES reference; default the GRPO run's: $RUNS_DIR/<model>/eval/grpo_seed<SEED>
 #   RUNS="<eval dir> ..."        the rows after it; default the base model's evaluation, then every
@@ -62,7 +62,7 @@ if [[ ! -f $BASELINE/summary.json || ${#runs[@]} == 0 ]]; then
   for dir in "${wanted[@]}"; do runs+=("$(realpath -m "$dir")"); done
 fi
 cmd=("$PYTHON" -m evaluation compare --baseline "$BASELINE" --runs "${runs[@]}" --output "$OUTPUT_DIR" "$@")
-steps_cmd=("$PYTHON" -m openrlhf_replay.cli.rehearsal_report beside --compare "$OUTPUT_DIR" --rehearsals "$REHEARSALS")
+steps_cmd=("$PYTHON" -m openrlhf_replay.rehearsal.report beside --compare "$OUTPUT_DIR" --rehearsals "$REHEARSALS")
 
 describe_settings MODEL SEED SEEDS RUNS_DIR BASELINE OUTPUT_DIR REHEARSALS
 print_command "${cmd[@]}"

@@ -167,7 +167,7 @@ def test_rlep_replays_on_nine_in_ten_steps_once_the_pool_holds_successes_of_thei
 
 
 def test_the_stand_ins_solve_rate_is_a_seeded_spread_around_its_mean():
-    from openrlhf_replay.cli.rehearse import Settings, solve_probability
+    from openrlhf_replay.rehearsal.standins import Settings, solve_probability
 
     prompts = [f"problem {i}" for i in range(4000)]
     p = np.array([solve_probability(t, Settings(solve_rate=0.4)) for t in prompts])
@@ -205,7 +205,7 @@ def test_compare_puts_each_runs_optimizer_steps_beside_its_results(subset_runs, 
     import csv
 
     from evaluation import comparison
-    from openrlhf_replay.cli.rehearsal_report import main
+    from openrlhf_replay.rehearsal.report import main
 
     labels = {"grpo_seed42": "train_grpo", "Qwen3-1.7B-Base": None, "grpo_replay_seed42": "train_grpo_replay",
               "grpo_success_replay_seed42": "train_grpo_success_replay", "grpo_uniform_replay_seed42": None}

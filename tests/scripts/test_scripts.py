@@ -352,18 +352,18 @@ def test_compare_takes_the_finished_evaluations_grpo_first(stub, tmp_path):
                                                              "grpo_naive_replay_seed42")]
     assert "left out" in proc.stderr and "grpo_uniform_replay_seed42" in proc.stderr
     # Then each row's optimizer steps per rollout step, from the rehearsal reports the scripts write.
-    assert calls[1][:4] == ["-m", "openrlhf_replay.cli.rehearsal_report", "beside", "--compare"], calls
+    assert calls[1][:4] == ["-m", "openrlhf_replay.rehearsal.report", "beside", "--compare"], calls
     assert _flags(calls[1][3:]) == {"--compare": [flags["--output"][0]],
                                     "--rehearsals": [str(tmp_path / "runs/Qwen3-1.7B-Base/rehearsal")]}
     out = Path(flags["--output"][0])
-    assert "rehearsal_report beside" in (out / "compare_command.sh").read_text()
+    assert "rehearsal.report beside" in (out / "compare_command.sh").read_text()
 
 
 def test_a_rehearsal_takes_the_solve_rate_and_keeps_its_report_where_compare_reads_it(stub, tmp_path):
     proc = _run("train_grpo_success_replay", stub(REHEARSE=1, REHEARSE_SOLVE_RATE="0.25"))
     assert proc.returncode == 0, proc.stderr
     (argv,) = stub.calls()
-    assert argv[:2] == ["-m", "openrlhf_replay.cli.rehearse"]
+    assert argv[:2] == ["-m", "openrlhf_replay.rehearsal"]
     options = _flags(argv[2:argv.index("--")])
     report = tmp_path / "runs/Qwen3-1.7B-Base/rehearsal/grpo_success_replay_seed42.json"
     assert options == {"--solve-rate": ["0.25"], "--report": [str(report)]}

@@ -1,9 +1,9 @@
 """What the rehearsal's reports say about replay and compute, as JSON figures and as tables.
 
-`python -m openrlhf_replay.cli.rehearsal_report table REPORT.json ...` prints the README's
+`python -m openrlhf_replay.rehearsal.report table REPORT.json ...` prints the README's
 rehearsal table, one row per report (named after the file).
 
-`python -m openrlhf_replay.cli.rehearsal_report beside --compare DIR --rehearsals DIR` puts each
+`python -m openrlhf_replay.rehearsal.report beside --compare DIR --rehearsals DIR` puts each
 compared run's optimizer steps per rollout step (from `<rehearsals>/<run>.json`, the report
 `REHEARSE=1` writes for that run) beside its results (from `<compare>/compare.csv`): written as
 compare_steps.md and compare_steps.csv, and appended to compare.md. Equal rollout steps are not
@@ -215,7 +215,7 @@ def write_beside(compare_dir: Path, rehearsals: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m openrlhf_replay.cli.rehearsal_report", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m openrlhf_replay.rehearsal.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_table = sub.add_parser("table", help="print the rehearsal table of the given reports")
