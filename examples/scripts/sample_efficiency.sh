@@ -14,4 +14,4 @@ PYTHON=${PYTHON:-$REPO_ROOT/.venv/bin/python}
 # Idle OpenMP threads sleep instead of spinning on a preempted peer (a shared CPU: see se_task.py).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 cd "$REPO_ROOT"
-exec "$PYTHON" benchmarks/sample_efficiency.py "$@"
+exec "$PYTHON" benchmarks/lab/sample_efficiency.py "$@"

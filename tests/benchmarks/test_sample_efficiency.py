@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks/lab")]
 
 import sample_efficiency as se  # noqa: E402
 import se_analysis as sa  # noqa: E402
@@ -376,7 +376,7 @@ def test_a_tokenizer_that_merged_digits_is_refused():
 @pytest.mark.slow
 def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     out = tmp_path / "quick"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/sample_efficiency.py"), "--quick",
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick",
                            "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500,
                           env={**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -399,7 +399,7 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     assert "training 3 run(s) in one session" in proc.stdout
     # resuming redoes nothing: every run is DONE with the same command, so no session starts
     session_log = (out / "session.log").read_text()
-    again = subprocess.run([sys.executable, str(ROOT / "benchmarks/sample_efficiency.py"), "--quick",
+    again = subprocess.run([sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick",
                             "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "in one session" not in again.stdout
     assert "warm start: its evaluation read from" in again.stdout  # not measured again either

@@ -1,4 +1,4 @@
-"""The lab's session (`benchmarks/se_session.py`): several launcher commands trained one after
+"""The lab's session (`benchmarks/lab/se_session.py`): several launcher commands trained one after
 another in one Ray instance, with one vLLM engine and one policy actor. What must hold for its runs
 to be the runs their commands describe: each starts from its own initial weights, in the policy
 actor and in vLLM, whatever the run before it did."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks/lab")]
 
 import se_session  # noqa: E402
 
@@ -73,7 +73,7 @@ def test_each_run_starts_from_its_own_weights_in_the_actor_and_in_vllm(tmp_path)
             for name, replay in (("grpo", ["--replay.mode", "none"]),
                                  ("replay", ["--replay.mode", "advantage", "--replay.warmup", "1"]))]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/se_session.py"), str(tmp_path / "jobs.json")],
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/lab/se_session.py"), str(tmp_path / "jobs.json")],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "OPENRLHF_REPLAY_DEVICE": "cpu", "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]

@@ -324,7 +324,7 @@ def test_grade_in_forked_and_spawned_children(tmp_path, method):
 
 # ---- the sample-efficiency lab's held-out grading -----------------------------------------
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks/lab"))
 import se_task  # noqa: E402
 
 PAIRS = [(12, 30), (45, 45), (99, 10), (23, 51)]

@@ -22,7 +22,7 @@ engine's random state runs on from one run to the next (it is seeded once, with 
 `--train.seed`; vLLM's sampling is not reproducible from run to run here in any case). Settings
 the engine is built from must be the same in every command (`ENGINE_FLAGS`).
 
-    python benchmarks/se_session.py JOBS.json
+    python benchmarks/lab/se_session.py JOBS.json
 
 JOBS.json is a list of {"name", "command" (a `python -m openrlhf_replay.cli.train_ppo_ray ...`
 argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped after it)}. For
@@ -44,7 +44,7 @@ from pathlib import Path
 
 STARTED = time.perf_counter()  # `session_startup_s` counts from here (the heavy imports are lazy, below)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 LAUNCHER = "openrlhf_replay.cli.train_ppo_ray"

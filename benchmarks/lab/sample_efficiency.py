@@ -16,10 +16,10 @@ the summary (per condition, and paired differences over seeds), the plots show h
 accuracy and training reward against steps, generated rollouts and compute units (median and
 IQR over seeds).
 
-    python benchmarks/sample_efficiency.py                 # 10 conditions, 8 or 3 seeds each
-    python benchmarks/sample_efficiency.py --quick         # none, uniform, advantage x 1 seed, 10 steps
-    python benchmarks/sample_efficiency.py --task add2     # the first edition (two-digit addition)
-    python benchmarks/sample_efficiency.py --analyse-only  # re-summarise and re-plot finished runs
+    python benchmarks/lab/sample_efficiency.py                 # 10 conditions, 8 or 3 seeds each
+    python benchmarks/lab/sample_efficiency.py --quick         # none, uniform, advantage x 1 seed, 10 steps
+    python benchmarks/lab/sample_efficiency.py --task add2     # the first edition (two-digit addition)
+    python benchmarks/lab/sample_efficiency.py --analyse-only  # re-summarise and re-plot finished runs
 
 Output dir (default runs/sample_efficiency[_quick|_add2]): `data/`, `warm_start.json` (held-out
 accuracy per band and the spread of per-prompt success rates after the warm start),
@@ -51,8 +51,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks/lab")]
 
 import se_analysis  # noqa: E402
 from replay import field_help  # noqa: E402
@@ -348,7 +348,7 @@ def train_in_session(a: Args, jobs: list[tuple[str, int, list[str]]], log) -> tu
         f"log: {a.out_dir / 'session.log'}")
     with open(a.out_dir / "session.log", "a") as out:
         try:
-            rc = subprocess.run([sys.executable, str(REPO / "benchmarks/se_session.py"), str(spec)], cwd=REPO,
+            rc = subprocess.run([sys.executable, str(REPO / "benchmarks/lab/se_session.py"), str(spec)], cwd=REPO,
                                 stdout=out, stderr=subprocess.STDOUT, timeout=a.run_timeout_s * (len(jobs) + 1),
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"}).returncode
         except subprocess.TimeoutExpired:
