@@ -1,0 +1,211 @@
+"""The lab's plots and tables: curves of held-out accuracy and training reward against steps,
+rollouts and compute units (median and IQR over seeds), per band, the warm start's spread, and
+table.md. Everything is drawn from the records and the summary `se_analysis.summarize` makes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import se_analysis
+
+REWARD_WINDOW = 5
+AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
+COLOURS = {"none": "black", "none_half_lr": "tab:cyan", "none_2epochs": "tab:grey", "uniform": "tab:blue",
+           "advantage": "tab:red", "advantage_alpha1": "tab:purple", "advantage_tau2": "tab:pink",
+           "advantage_tau40": "tab:brown",
+           "naive": "tab:orange", "freshness": "tab:green", "success": "tab:olive"}
+MAIN_PLOT = ("none", "none_2epochs", "uniform", "advantage")
+
+
+def plot(runs: list[dict], summary: dict, path: Path, conditions, iqr: bool = True) -> None:
+    """2 x 3 panels: held-out accuracy / training reward vs steps, rollouts, compute units."""
+    plt = _pyplot()
+    unit_s = summary["unit_s"]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), sharey="row")
+    for cond in conditions:
+        rs = [r for r in runs if r["condition"] == cond]
+        for row, curve_fn in enumerate((se_analysis.eval_curve, se_analysis.reward_curve)):
+            for col, (axis, _) in enumerate(AXES):
+                curves = [curve_fn(r, unit_s, axis) for r in rs]
+                if row == 1:
+                    curves = [(x, se_analysis.trailing_mean(y, REWARD_WINDOW)) for x, y in curves]
+                agg = se_analysis.aggregate(curves)
+                ax = axes[row, col]
+                ax.plot(agg["x"], agg["median"], color=COLOURS.get(cond), label=f"{cond} (n={len(rs)})",
+                        marker="o" if row == 0 else None, ms=3)
+                if iqr:
+                    ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.15)
+    for col, (_, label) in enumerate(AXES):
+        axes[1, col].set_xlabel(label)
+    axes[0, 0].set_ylabel(f"held-out {summary['primary_metric']['name']}")
+    axes[1, 0].set_ylabel(f"training reward (fresh rollouts, mean of last {REWARD_WINDOW} steps)")
+    axes[0, 0].axhline(summary["match_threshold"], color="grey", ls=":", lw=1)
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"median{' and IQR' if iqr else ''} over seeds; 1 compute unit = one GRPO optimizer step = "
+                 f"{unit_s:.3f} s here; dotted: {summary['match_fraction']} x GRPO's best median")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_bands(runs: list[dict], conditions, path: Path) -> None:
+    """Held-out accuracy (the primary metric) per band against generated rollouts: median and IQR over seeds."""
+    plt = _pyplot()
+    bands = list(runs[0]["evals"][0].get("by_band", {}))
+    if len(bands) < 2:
+        return
+    fig, axes = plt.subplots(1, len(bands), figsize=(4 * len(bands), 3.6), sharey=True)
+    for ax, band in zip(axes, bands):
+        for cond in conditions:
+            rs = [r for r in runs if r["condition"] == cond]
+            curves = [([e["step"] * r["rollouts_per_step"] for e in r["evals"]],
+                       [e["by_band"][band] for e in r["evals"]]) for r in rs]
+            agg = se_analysis.aggregate(curves)
+            ax.plot(agg["x"], agg["median"], color=COLOURS.get(cond), label=cond, marker="o", ms=2)
+            ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.12)
+        ax.set_title(band)
+        ax.set_xlabel("generated rollouts")
+    axes[0].set_ylabel("held-out accuracy (greedy)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_spread(report: dict, path: Path) -> None:
+    """Per-prompt success rates of the pool after the warm start, one bar group per band."""
+    plt = _pyplot()
+    hist, n = report["success_rate_histogram"], report["samples_per_prompt"]
+    bands = [b for b in hist if b != "all"]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    bottom = [0] * (n + 1)
+    for band in bands:
+        ax.bar(range(n + 1), hist[band], bottom=bottom, label=band)
+        bottom = [b + h for b, h in zip(bottom, hist[band])]
+    ax.set_xticks(range(n + 1), [f"{k}/{n}" for k in range(n + 1)])
+    ax.set_xlabel(f"correct answers in {n} samples (temperature 1.0) after the warm start")
+    ax.set_ylabel("prompts of the RL pool")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fmt(x, spec=".3f", none="never"):
+    return none if x is None else format(x, spec)
+
+
+def _ratio_ci(s: dict, axis: str) -> str:
+    lo, hi = s[f"{axis}_to_match_ci95"]
+    return f"{_fmt(s[f'{axis}_to_match_ratio'], '.2f')} [{_fmt(lo, '.2f')}, {_fmt(hi, '.2f')}]"
+
+
+def _power_lines(summary: dict) -> list[str]:
+    """GRPO's own gain and the positive control: can this lab see an effect at all?"""
+    g = summary["grpo_gain"]
+    lines = [f"GRPO's gain over the run (final minus step 0, paired by seed, n {g['n']}): {g['median']:+.3f} "
+             f"[{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}], p {g['p']:.3f}."]
+    c = summary["positive_control"]
+    if c is None:
+        return lines + ["Positive control: not run (its conditions are not in this sweep)."]
+    return lines + [f"Positive control {c['pair']} (its sign is known: GRPO above GRPO at half the LR), final "
+                    f"accuracy: {c['median']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], p {c['p']:.3f}, "
+                    f"{'resolved' if c['resolved'] else 'NOT resolved'} at {c['n']} seeds (MDE "
+                    f"{_fmt(c['mde'], '.3f', 'n/a')})."]
+
+
+def table(summary: dict) -> str:
+    """table.md: conditions, paired differences with words, the warm start's spread."""
+    s = summary["settings"]
+    out = [f"Sample-efficiency lab, task `{s['task']}`: {s['steps']} steps x {s['prompts_per_step']} prompts x "
+           f"{s['group_size']} rollouts per condition; measured {summary['timing']['date']} on "
+           f"{summary['timing']['cpu']}.", ""]
+    out += _conditions_table(summary) + [""] + _power_lines(summary) + [""] + _pairs_table(summary)
+    if summary.get("warm_start"):
+        out += _warm_start_table(summary["warm_start"], summary["primary_metric"]["name"])
+    return "\n".join(out) + "\n"
+
+
+def _conditions_table(summary: dict) -> list[str]:
+    """One row per condition: its scores, what it cost, and the rule every score follows."""
+    conds, metric = summary["conditions"], summary["primary_metric"]
+    bands = None
+    for s in conds.values():
+        bands = bands or list(s["final_acc_by_band"])
+    out = [f"Primary metric: {metric['name']}, answers sampled at temperature {metric['temperature']} "
+           f"({metric['samples_per_problem']} per problem, the same seeds for every condition); greedy beside it.", ""]
+    out += ["| condition | seeds | final acc (median [IQR]) | best acc | AUC | final greedy | "
+            + "".join(f"final {b} | " for b in bands)
+            + "rollouts to match [95% CI] | compute to match [95% CI] | tokens trained / step | updates / step "
+            "| replayed / step | compute units (train + gen) | AES vs GRPO |",
+            "|---" * (13 + len(bands)) + "|"]
+    for c, s in conds.items():
+        lo, hi = s["final_acc_iqr"]
+        out.append(f"| {c} | {s['seeds']} | {s['final_acc']:.3f} [{lo:.3f}, {hi:.3f}] | {s['best_acc']:.3f} | "
+                   f"{s['auc']:.3f} | {s['final_acc_greedy']:.3f} | "
+                   + "".join(f"{s['final_acc_by_band'][b]:.2f} | " for b in bands)
+                   + f"{_ratio_ci(s, 'rollouts')} | {_ratio_ci(s, 'compute')} | "
+                   f"{s['train_tokens_per_step']:.0f} | {s['optimizer_steps_per_step']:.2f} | "
+                   f"{s['replayed_per_step']:.1f} | {s['compute_units']:.0f} ({s['train_units']:.0f} + "
+                   f"{s['generation_units']:.0f}) | {_fmt(s['aes_vs_grpo'], '+.3f', 'n/a')} |")
+    return out + ["", f"1 compute unit = {summary['unit_s']:.4f} s (one GRPO optimizer step on "
+                  f"{summary['settings']['train_batch']} rollouts). Scores per seed, the same rule for every "
+                  "condition: final = last checkpoint; best = best checkpoint after step 0; AUC = area under held-out "
+                  "accuracy over generated rollouts / rollouts (the curve's mean). \"to match\": rollouts (compute "
+                  f"units) for the median curve to first reach {summary['match_threshold']:.3f} "
+                  f"({summary['match_fraction']} x GRPO's best median), over GRPO's own."]
+
+
+def _pairs_table(summary: dict) -> list[str]:
+    """The paired differences, each with its test and a verdict in words."""
+    out = ["Paired differences A - B over the seeds both have (seed s of both: same prompt order, same warm start): "
+           "median, percentile-bootstrap 95% interval of the median over seeds, exact sign-flip permutation p "
+           "(sign test p). Resolved = interval excludes 0 and p < 0.05. MDE: the approximate smallest mean "
+           "difference of final accuracy these seeds detect with 80% power at two-sided alpha 0.05, from the "
+           "spread of the paired differences.", "",
+           "| pair | score | n | median A - B | 95% CI | p (permutation) | p (sign) | MDE | in words |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for pair, stats in summary["pairs"].items():
+        a, b = pair.split("_vs_")
+        for score, st in stats.items():
+            if st["resolved"]:
+                words = f"resolved: {a} {'above' if st['median'] > 0 else 'below'} {b}"
+            else:
+                words = f"not resolved at {st['n']} seeds"
+            out.append(f"| {pair} | {score} | {st['n']} | {st['median']:+.3f} | [{st['ci95'][0]:+.3f}, "
+                       f"{st['ci95'][1]:+.3f}] | {st['p']:.3f} | {st['sign_p']:.3f} | "
+                       f"{_fmt(st.get('mde'), '.3f', '')} | {words} |")
+    return out
+
+
+def _warm_start_table(ws: dict, metric_name: str) -> list[str]:
+    """The warm start's held-out accuracy and the histogram of the RL pool's per-prompt success."""
+    n, base = ws["samples_per_prompt"], ws["heldout"]
+    out = ["", f"Warm start ({ws['supervised_steps']} supervised steps): held-out {metric_name} "
+           f"{base['accuracy']:.3f} (" + ", ".join(f"{b} {v:.2f}" for b, v in base["by_band"].items())
+           + f"), greedy {base['accuracy_greedy']:.3f}. Per-prompt success "
+           f"rates over the {ws['pool_size']}-prompt RL pool ({n} samples each, temperature 1.0): "
+           f"{ws['share_all_wrong']:.0%} all wrong, {ws['share_all_right']:.0%} all right, "
+           f"{ws['share_mixed']:.0%} in between.", "",
+           "| band | " + " | ".join(f"{k}/{n}" for k in range(n + 1)) + " |", "|---" * (n + 2) + "|"]
+    return out + [f"| {b} | " + " | ".join(str(v) for v in h) + " |" for b, h in ws["success_rate_histogram"].items()]
+
+
+def write_plots(runs: list[dict], summary: dict, out_dir: Path, order) -> None:
+    """curves.png (the main conditions, median and IQR), curves_all.png, bands.png and spread.png."""
+    present = [c for c in order if c in summary["conditions"]]
+    plot(runs, summary, out_dir / "curves.png", [c for c in present if c in MAIN_PLOT])
+    plot(runs, summary, out_dir / "curves_all.png", present, iqr=False)
+    plot_bands(runs, [c for c in present if c in MAIN_PLOT], out_dir / "bands.png")
+    if summary["warm_start"]:
+        plot_spread(summary["warm_start"], out_dir / "spread.png")
+
+
+def _pyplot():
+    """matplotlib's pyplot without a display; imported when the first plot is drawn (it is heavy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
