@@ -36,8 +36,8 @@ Figures (medians over the measured steps, taken after warm-up to steady state):
   view is a slice of), over its live tokens (prompt plus response). The raw payload is 8 B per
   response token (int32 id + float32 log-prob) and 4 B per prompt token,
   `payload_bytes_per_token` on this workload.
-- torchrl_*: the same work on TorchRL (`replay_core_torchrl.py`; `TorchRLList`: `PrioritizedReplayBuffer` over a
-  `ListStorage` of per-rollout tensors; `--torchrl-storage padded` for the `LazyTensorStorage`
+- torchrl_*: the same work on TorchRL (`replay_core_torchrl.py`; `TorchRLList`:
+  `PrioritizedReplayBuffer` over a `ListStorage` of per-rollout tensors; `--torchrl-storage padded` for the `LazyTensorStorage`
   alternative), in its own process with .venv-torchrl's interpreter and one torch thread
   (`--torchrl-threads`), driven step by step from here so that all three measurements of a step
   share the machine's (noisy) state. Both sides' timed insert starts from the same packed batch
