@@ -87,11 +87,20 @@ def build_parser(with_replay: bool = True) -> argparse.ArgumentParser:
 def replay_arg_errors(args) -> list[str]:
     """What in the (nested) upstream arguments keeps replay from running, each with its fix."""
     from openrlhf_replay.cli.prompts import partial_batch_errors, prompt_file_problems
-    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
 
     config = ReplayConfig.from_namespace(args)
     if not config.enabled:
         return []
+    errors = _training_errors(args, config) + _batch_errors(args)
+    errors += partial_batch_errors(args)
+    errors += prompt_file_problems(args)[0]
+    errors += success_pool_errors(config)
+    return errors + _nothing_replayed(args, config)
+
+
+def _training_errors(args, config: ReplayConfig) -> list[str]:
+    """Upstream training features replay cannot run with (a critic, KL, dynamic or async batches,
+    a decaying LR schedule, refresh without upstream's clipped IS correction)."""
     errors = []
     estimator = args.algo.advantage.estimator
     if estimator in UNSUPPORTED_ESTIMATORS:
@@ -125,8 +134,14 @@ def replay_arg_errors(args) -> list[str]:
                       "so every condition warms up over the same rollout steps; the optimizer steps replay adds "
                       "would run past the end of a decaying schedule. Use constant_with_warmup (docs/METHOD.md: constant "
                       "after the warm-up)")
+    return errors
+
+
+def _batch_errors(args) -> list[str]:
+    """Fresh rollouts that do not split evenly over the ranks or into training batches."""
     from openrlhf_replay.utils import data_parallel_ranks
 
+    errors = []
     ranks = data_parallel_ranks(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     if fresh % (args.rollout.micro_batch_size * ranks):
@@ -136,15 +151,20 @@ def replay_arg_errors(args) -> list[str]:
     if fresh % args.train.batch_size:
         errors.append(f"{fresh} fresh rollouts per step are not a whole number of --train.batch_size "
                       f"{args.train.batch_size} batches; make rollout.batch_size x n_samples_per_prompt a multiple of it")
-    errors += partial_batch_errors(args)
-    errors += prompt_file_problems(args)[0]
-    errors += success_pool_errors(config)
-    if replay_per_step(config, args) == 0:
-        wanted = (f"--replay.per_prompt {config.per_prompt} x {args.rollout.batch_size} prompts"
-                  if config.mode == "success" else f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
-        errors.append(f"{wanted} rounds to 0 whole training batches of --train.batch_size {args.train.batch_size} "
-                      "(halves round up): replay more per step, or use a smaller --train.batch_size")
     return errors
+
+
+def _nothing_replayed(args, config: ReplayConfig) -> list[str]:
+    """Replay that rounds to 0 whole training batches a step."""
+    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
+
+    if replay_per_step(config, args) > 0:
+        return []
+    fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    wanted = (f"--replay.per_prompt {config.per_prompt} x {args.rollout.batch_size} prompts"
+              if config.mode == "success" else f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
+    return [f"{wanted} rounds to 0 whole training batches of --train.batch_size {args.train.batch_size} "
+            "(halves round up): replay more per step, or use a smaller --train.batch_size"]
 
 
 def success_pool_errors(config: ReplayConfig) -> list[str]:
@@ -200,63 +220,24 @@ def _install_replay_classes(stack: contextlib.ExitStack) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     from openrlhf_replay.cpu import CpuPlatformError
-    from openrlhf_replay.cpu import launcher as cpu_launcher
-    from openrlhf_replay.utils import check_openrlhf_version
 
-    try:
-        check_openrlhf_version()
-    except RuntimeError as e:
-        sys.exit(f"train_ppo_ray: {e}")
-    # A plain SIGTERM would end the driver without stopping the Ray instance it started.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    try:  # before any upstream import: the platform adapts modules as they are imported
-        cpu_on = cpu_launcher.activate()
-    except CpuPlatformError as e:
-        sys.exit(f"train_ppo_ray: {e}")
-    if cpu_on:
-        print(cpu_launcher.describe(), flush=True)
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # The class swap must precede the upstream module's own imports, so the mode is read first.
-    early, _ = ReplayConfig.add_cli_args(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
-    try:
-        replay_on = ReplayConfig.from_namespace(early).enabled
-    except ValueError as e:
-        sys.exit(f"train_ppo_ray: {e}")
+    argv, cpu_on, replay_on = _start(sys.argv[1:] if argv is None else list(argv))
 
     import openrlhf.utils.config as upstream_config
 
     original_parse = argparse.ArgumentParser.parse_args
-    original_hierarchize = upstream_config.hierarchize
 
     def parse_with_replay(parser, args=None, namespace=None):
         argparse.ArgumentParser.parse_args = original_parse  # one parse only: later parsers are not ours
         add_replay_cli(parser)
         return original_parse(parser, argv, namespace)
 
-    def checked_hierarchize(flat):
-        nested = original_hierarchize(flat)
-        try:
-            errors = replay_arg_errors(nested)
-        except ValueError as e:  # a replay flag with a bad value
-            errors = [str(e)]
-        cpu_errors = cpu_launcher.arg_errors(nested) if cpu_on else []
-        report = [f"train_ppo_ray: cannot run {what} with these arguments:\n  - " + "\n  - ".join(found)
-                  for what, found in (("replay", errors), ("on the CPU platform", cpu_errors)) if found]
-        if report:
-            sys.exit("\n".join(report))
-        if replay_on:
-            print(_describe(nested), flush=True)
-            from openrlhf_replay.cli.prompts import prompt_file_problems
-
-            for note in prompt_file_problems(nested)[1]:
-                print(f"train_ppo_ray: note: {note}", flush=True)
-        return nested
-
     with contextlib.ExitStack() as stack:
         if replay_on:
             _install_replay_classes(stack)
         stack.enter_context(_patched(argparse.ArgumentParser, "parse_args", parse_with_replay))
-        stack.enter_context(_patched(upstream_config, "hierarchize", checked_hierarchize))
+        stack.enter_context(_patched(upstream_config, "hierarchize",
+                                     _checked(upstream_config.hierarchize, cpu_on, replay_on)))
         try:
             runpy.run_module(UPSTREAM_CLI, run_name="__main__")
         except CpuPlatformError as e:
@@ -269,6 +250,60 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(summary)
         finally:
             _shutdown_ray()
+
+
+def _start(argv: list[str]) -> tuple[list[str], bool, bool]:
+    """Checks and settings that precede any upstream import: the pinned OpenRLHF version, SIGTERM
+    as an exit (so the Ray instance the driver started is stopped), the CPU platform (it adapts
+    modules as they are imported), and whether replay is on (the class swap precedes the upstream
+    module's own imports). Returns (argv, CPU platform on, replay on)."""
+    from openrlhf_replay.cpu import CpuPlatformError
+    from openrlhf_replay.cpu import launcher as cpu_launcher
+    from openrlhf_replay.utils import check_openrlhf_version
+
+    try:
+        check_openrlhf_version()
+    except RuntimeError as e:
+        sys.exit(f"train_ppo_ray: {e}")
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        cpu_on = cpu_launcher.activate()
+    except CpuPlatformError as e:
+        sys.exit(f"train_ppo_ray: {e}")
+    if cpu_on:
+        print(cpu_launcher.describe(), flush=True)
+    early, _ = ReplayConfig.add_cli_args(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
+    try:
+        replay_on = ReplayConfig.from_namespace(early).enabled
+    except ValueError as e:
+        sys.exit(f"train_ppo_ray: {e}")
+    return argv, cpu_on, replay_on
+
+
+def _checked(hierarchize, cpu_on: bool, replay_on: bool):
+    """Upstream's `hierarchize`, followed by the launch checks: a refused run exits with every
+    reason and its fix; an accepted replay run prints what it will replay and the prompt notes."""
+    from openrlhf_replay.cli.prompts import prompt_file_problems
+    from openrlhf_replay.cpu import launcher as cpu_launcher
+
+    def checked_hierarchize(flat):
+        nested = hierarchize(flat)
+        try:
+            errors = replay_arg_errors(nested)
+        except ValueError as e:  # a replay flag with a bad value
+            errors = [str(e)]
+        cpu_errors = cpu_launcher.arg_errors(nested) if cpu_on else []
+        report = [f"train_ppo_ray: cannot run {what} with these arguments:\n  - " + "\n  - ".join(found)
+                  for what, found in (("replay", errors), ("on the CPU platform", cpu_errors)) if found]
+        if report:
+            sys.exit("\n".join(report))
+        if replay_on:
+            print(_describe(nested), flush=True)
+            for note in prompt_file_problems(nested)[1]:
+                print(f"train_ppo_ray: note: {note}", flush=True)
+        return nested
+
+    return checked_hierarchize
 
 
 def _ray_failure_summary(error: BaseException) -> str | None:
