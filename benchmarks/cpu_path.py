@@ -35,7 +35,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from infra.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype, cpu_description  # noqa: E402
+from infra.models import resolve_model  # noqa: E402
+
+# transformers and vLLM are imported where used: the vLLM comparison runs each side in a child
+# process of its own, which needs vLLM and not transformers, and the parent the other way round.
 
 
 def take_turns(settings: dict, rounds: int) -> dict[str, list]:
@@ -62,8 +68,6 @@ def side_by_side(settings: dict, rounds: int) -> dict[str, float]:
 
 
 def matmul_gflops(dtype, seconds: float = 1.0) -> float:
-    import torch
-
     a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     a @ b
     n, t0 = 0, time.perf_counter()
@@ -75,7 +79,6 @@ def matmul_gflops(dtype, seconds: float = 1.0) -> float:
 
 def smollm2_shaped(dtype):
     """A random causal LM of SmolLM2-135M's shape (30 layers, hidden 576, 9 heads, 3 KV heads)."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -85,8 +88,6 @@ def smollm2_shaped(dtype):
 
 
 def forward_backward(model, batch: int, tokens: int):
-    import torch
-
     ids = torch.randint(0, model.config.vocab_size, (batch, tokens))
 
     def step():
@@ -132,7 +133,7 @@ def vllm_layouts(model: str, rounds: int, prompts: int, tokens: int) -> dict:
             for name, results in runs.items()}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds in which the settings take turns (default 3)")
     parser.add_argument("--batch", type=int, default=4, help="sequences per forward + backward (default 4)")
@@ -146,12 +147,14 @@ def main() -> None:
     parser.add_argument("--vllm-tokens", type=int, default=200, help="tokens per response (default 200)")
     parser.add_argument("--skip-vllm", action="store_true", help="skip the vLLM comparison (minutes)")
     parser.add_argument("--vllm-child", metavar="MODEL", help=argparse.SUPPRESS)  # one side of that comparison
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.vllm_child:
         print(json.dumps(vllm_child(args.vllm_child, args.vllm_prompts, args.vllm_tokens)))
         return
-    import torch
-
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
     out = {"cpu": cpu_description(), "chosen_dtype": choose_cpu_dtype().name, "rounds": args.rounds,
@@ -171,14 +174,24 @@ def main() -> None:
         del bf16
     out["forward_backward_s"] = fwd_bwd
     print(f"forward + backward: {out['forward_backward_s']}", flush=True)
+    out |= training_knobs(model, step, cores, args.rounds)
+    out |= optimizer_steps(model, args.rounds)
+    if not args.skip_vllm:
+        del model
+        out["vllm"] = vllm_layouts(resolve_model(args.vllm_model), args.rounds, args.vllm_prompts, args.vllm_tokens)
+        print(f"vLLM processes: {out['vllm']}", flush=True)
+    print(json.dumps(out))
 
+
+def training_knobs(model, step, cores: int, rounds: int) -> dict:
+    """One forward + backward with 1 thread against every core, and with gradient checkpointing
+    off against on."""
     def with_threads(n):
         torch.set_num_threads(n)
         return step
 
-    threads = side_by_side({f"{n}_threads": lambda n=n: with_threads(n) for n in (1, cores)}, args.rounds)
+    threads = side_by_side({f"{n}_threads": lambda n=n: with_threads(n) for n in (1, cores)}, rounds)
     torch.set_num_threads(cores)
-    out["forward_backward_threads_s"] = threads
     print(f"threads: {threads}", flush=True)
 
     def with_checkpointing(on: bool):
@@ -190,11 +203,16 @@ def main() -> None:
         return step
 
     checkpointing = side_by_side({"off": lambda: with_checkpointing(False), "on": lambda: with_checkpointing(True)},
-                                 args.rounds)
+                                 rounds)
     model.gradient_checkpointing_disable()
-    out["gradient_checkpointing_s"] = checkpointing
     print(f"gradient checkpointing: {checkpointing}", flush=True)
+    return {"forward_backward_threads_s": threads, "gradient_checkpointing_s": checkpointing}
 
+
+def optimizer_steps(model, rounds: int) -> dict:
+    """One optimizer step of torch's AdamW, fused and not, and DeepSpeed's CPU Adam (built here
+    if it can be) over the model's parameters."""
+    out = {}
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
@@ -202,7 +220,7 @@ def main() -> None:
                   "torch_adamw_fused": torch.optim.AdamW(params, lr=1e-6, weight_decay=0.01, fused=True)}
     t0 = time.perf_counter()
     try:
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        from deepspeed.ops.adam import DeepSpeedCPUAdam  # compiles a C++ op on first import
 
         optimizers["deepspeed_cpu_adam"] = DeepSpeedCPUAdam(params, lr=1e-6, weight_decay=0.01, adamw_mode=True)
         out["deepspeed_cpu_adam_build_s"] = round(time.perf_counter() - t0, 1)
@@ -210,17 +228,11 @@ def main() -> None:
         out["deepspeed_cpu_adam_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     for optimizer in optimizers.values():
         optimizer.step()  # state allocated
-    adam = side_by_side({name: lambda o=o: o.step for name, o in optimizers.items()}, args.rounds)
+    adam = side_by_side({name: lambda o=o: o.step for name, o in optimizers.items()}, rounds)
     out["adam_step_s"] = adam
     out["parameters"] = sum(p.numel() for p in params)
     print(f"optimizer step: {adam}", flush=True)
-    if not args.skip_vllm:
-        from infra.models import resolve_model
-
-        del model, optimizers, params
-        out["vllm"] = vllm_layouts(resolve_model(args.vllm_model), args.rounds, args.vllm_prompts, args.vllm_tokens)
-        print(f"vLLM processes: {out['vllm']}", flush=True)
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from infra.datasources import GSM8K_TRAIN_FILE, data_root  # noqa: E402
+from openrlhf_replay.cpu.quickstart import prepare_data, prepare_model, read_scalars  # noqa: E402
+
 COIN_REWARD = '''import torch
 
 
@@ -45,11 +48,7 @@ def reward_func(queries, prompts, labels):
 
 
 def _prompts(path: Path, n: int) -> None:
-    from infra.datasources import GSM8K_TRAIN_FILE, data_root
-    from openrlhf_replay.cpu.quickstart import prepare_data
-
     source = data_root() / GSM8K_TRAIN_FILE
-
     if source.is_file():
         prepare_data(source, path, n)
         return
@@ -70,15 +69,30 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the run here (default: a temp dir)")
     args = parser.parse_args()
 
-    from openrlhf_replay.cpu.quickstart import prepare_model, read_scalars
-
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="pipeline_overhead_"))
     work.mkdir(parents=True, exist_ok=True)
     model = prepare_model(args.model)
     (work / "coin_reward.py").write_text(COIN_REWARD)
     _prompts(work / "prompts.jsonl", args.steps * args.prompts_per_step)
     fresh = args.prompts_per_step * args.samples_per_prompt
-    cmd = [
+    env = dict(os.environ, OPENRLHF_REPLAY_DEVICE="cpu")
+    env.pop("RAY_ADDRESS", None)
+    print(f"pipeline_overhead: {args.steps} steps of {fresh} fresh rollouts, model {model}; log: {work / 'train.log'}",
+          flush=True)
+    t0 = time.monotonic()
+    with open(work / "train.log", "w") as log:
+        proc = subprocess.run(_command(args, model, work), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    if proc.returncode:
+        sys.exit(f"pipeline_overhead: the run failed ({proc.returncode}); see {work / 'train.log'}")
+    result = {"model": str(model)} | _measure(read_scalars(work / "tensorboard" / "run"), fresh)
+    print(json.dumps(result | {"run_wall_s": round(time.monotonic() - t0, 1)}))
+
+
+def _command(args: argparse.Namespace, model: Path, work: Path) -> list[str]:
+    """The CPU training run measured: advantage replay, every other setting fixed."""
+    fresh = args.prompts_per_step * args.samples_per_prompt
+    return [
         sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray",
         "--actor.model_name_or_path", str(model),
         "--data.prompt_dataset", str(work / "prompts.jsonl"), "--data.input_key", "prompt",
@@ -98,16 +112,10 @@ def main() -> None:
         "--ckpt.path", str(work / "ckpt"), "--ckpt.output_dir", str(work / "model"),
         "--logger.tensorboard_dir", str(work / "tensorboard"), "--logger.wandb.run_name", "run",
     ]
-    env = dict(os.environ, OPENRLHF_REPLAY_DEVICE="cpu")
-    env.pop("RAY_ADDRESS", None)
-    print(f"pipeline_overhead: {args.steps} steps of {fresh} fresh rollouts, model {model}; log: {work / 'train.log'}",
-          flush=True)
-    t0 = time.monotonic()
-    with open(work / "train.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    if proc.returncode:
-        sys.exit(f"pipeline_overhead: the run failed ({proc.returncode}); see {work / 'train.log'}")
-    scalars = read_scalars(work / "tensorboard" / "run")
+
+
+def _measure(scalars: dict, fresh: int) -> dict:
+    """Per replaying step, the step's time and the replay work in it; their medians and shares."""
     overhead = scalars["train/replay/overhead_s"]
     step_total = scalars["train/timing/step_total"]
     replayed = scalars["train/replay/replayed"]
@@ -120,17 +128,15 @@ def main() -> None:
               f"replayed {replayed[s]:.0f} + fresh {fresh}", flush=True)
     step_s = statistics.median(total for _, total, _ in rows)
     overhead_s = statistics.median(over for _, _, over in rows)
-    result = {
-        "model": str(model), "steps_measured": len(rows), "fresh_per_step": fresh,
+    return {
+        "steps_measured": len(rows), "fresh_per_step": fresh,
         "replayed_per_step": statistics.median(replayed[s] for s in measured),
         "step_s": round(step_s, 4), "replay_overhead_s": round(overhead_s, 6),
         "overhead_fraction": round(overhead_s / step_s, 6),
         "overhead_fraction_max": round(max(over / total for _, total, over in rows), 6),
         "per_step_s": [round(total, 3) for _, total, _ in rows],
         "per_step_overhead_s": [round(over, 6) for _, _, over in rows],
-        "run_wall_s": round(time.monotonic() - t0, 1),
     }
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -349,11 +349,38 @@ def run_config(cfg: StoreConfig, w: Workload, args: argparse.Namespace, torchrl_
     given) TorchRL, all three in every step."""
     project, floor = ProjectSide(cfg, w), CopyFloor(w)
     trl = TorchRLClient(torchrl_python, args, cfg.name) if torchrl_python else None
+    mine, theirs, floors = _measure_steps(cfg, w, args.steps, project, floor, trl)
+    mem = project.memory()
+    trl_mem = trl.ask({"memory": True}) if trl else None
+    if trl:
+        trl.close()
+    res = _figures(mine, floors, mem, project, cfg, w)
+    if trl:
+        res["torchrl_step_ms"] = _median(theirs, "step_ms")
+        res["speedup_vs_torchrl"] = round(res["torchrl_step_ms"] / res["step_ms"], 2)
+        res["torchrl_bytes_per_token"] = round(trl_mem["bytes_per_token"], 3)
+        res["torchrl"] = {
+            "setup": args.torchrl_storage,
+            "torch": trl.torch_version,
+            "threads": trl.threads,
+            "step_cpu_ms": _median(theirs, "step_cpu_ms"),
+            "step_ms_p90": round(float(np.quantile([r["step_ms"] for r in theirs], 0.9)), 3),
+            "parts_ms": {k.removesuffix("_ms"): _median(theirs, k) for k in ("insert_ms", "draw_ms", "gather_ms")},
+            "prepare_ms_untimed": _median(theirs, "prepare_ms"),
+            "repeats_per_draw": _median(theirs, "repeats", 1),
+            "memory": {k: round(v, 3) for k, v in trl_mem.items()},
+        }
+    return res
+
+
+def _measure_steps(cfg: StoreConfig, w: Workload, steps: int, project: ProjectSide, floor: CopyFloor,
+                   trl: TorchRLClient | None) -> tuple[list, list, list]:
+    """The warm-up steps, then `steps` measured ones: (core timings, TorchRL's, the floor's)."""
     per_step, warmup = w.rollouts_per_step, cfg.warmup_steps(w.rollouts_per_step)
     steady = cfg.steady_live(per_step)
     mine, theirs, floors = [], [], []
     last_gather: tuple[int, int] | None = None
-    for step in range(warmup + args.steps):
+    for step in range(warmup + steps):
         fields = make_step(w, step)
         batch = project.prepare(fields)
         if step % 2:  # alternate which of core and floor goes first
@@ -383,26 +410,25 @@ def run_config(cfg: StoreConfig, w: Workload, args: argparse.Namespace, torchrl_
                        + payload_bytes(*copied)})
         if t:
             theirs.append(t)
-    mem = project.memory()
-    trl_mem = trl.ask({"memory": True}) if trl else None
-    if trl:
-        trl.close()
+    return mine, theirs, floors
 
+
+def _figures(mine: list, floors: list, mem: dict, project: ProjectSide, cfg: StoreConfig, w: Workload) -> dict:
+    """The core's figures against the floor; the TorchRL fields stay None until `run_config` fills them."""
     step_ms, floor_ms = _median(mine, "step_ms"), _median(floors, "floor_ms")
-    trl_ms = _median(theirs, "step_ms") if trl else None
     payload = float(np.median([f["payload"] for f in floors]))
-    res = {
+    return {
         "step_ms": step_ms,
         "floor_ms": floor_ms,
         "ratio_to_floor": round(step_ms / floor_ms, 2),
-        "torchrl_step_ms": trl_ms,
-        "speedup_vs_torchrl": None if trl_ms is None else round(trl_ms / step_ms, 2),
+        "torchrl_step_ms": None,
+        "speedup_vs_torchrl": None,
         "bytes_per_token": round(mem["bytes_per_token"], 3),
-        "torchrl_bytes_per_token": None if trl_mem is None else round(trl_mem["bytes_per_token"], 3),
+        "torchrl_bytes_per_token": None,
         "payload_bytes_per_token": round(payload_bytes(*_live_token_split(project)) / mem["live_tokens"], 3),
-        "live_rollouts": steady,
+        "live_rollouts": cfg.steady_live(w.rollouts_per_step),
         "live_tokens": int(mem["live_tokens"]),
-        "warmup_steps": warmup,
+        "warmup_steps": cfg.warmup_steps(w.rollouts_per_step),
         "steps_measured": len(mine),
         "step_ms_p90": round(float(np.quantile([r["step_ms"] for r in mine], 0.9)), 3),
         "payload_mb_per_step": round(payload / 2**20, 2),
@@ -413,19 +439,6 @@ def run_config(cfg: StoreConfig, w: Workload, args: argparse.Namespace, torchrl_
         "floor_cpu_ms": _median(floors, "floor_cpu_ms"),
         "parts_ms": {k.removesuffix("_ms"): _median(mine, k) for k in ("insert_ms", "evict_ms", "draw_ms", "gather_ms")},
     }
-    if trl:
-        res["torchrl"] = {
-            "setup": args.torchrl_storage,
-            "torch": trl.torch_version,
-            "threads": trl.threads,
-            "step_cpu_ms": _median(theirs, "step_cpu_ms"),
-            "step_ms_p90": round(float(np.quantile([r["step_ms"] for r in theirs], 0.9)), 3),
-            "parts_ms": {k.removesuffix("_ms"): _median(theirs, k) for k in ("insert_ms", "draw_ms", "gather_ms")},
-            "prepare_ms_untimed": _median(theirs, "prepare_ms"),
-            "repeats_per_draw": _median(theirs, "repeats", 1),
-            "memory": {k: round(v, 3) for k, v in trl_mem.items()},
-        }
-    return res
 
 
 def _expected_gather(fields: dict[str, np.ndarray], w: Workload) -> tuple[int, int]:
