@@ -56,6 +56,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks/lab")]
 
 import se_analysis  # noqa: E402
 import se_report  # noqa: E402
+from infra.hardware import cpu_description  # noqa: E402
 from replay import field_help  # noqa: E402
 from se_task import (PROMPT_TEMPLATE, TaskConfig, WarmStartConfig, evaluate_heldout,  # noqa: E402
                      rate_histogram, split_problems, success_rates, warm_start, write_prompt_file)
@@ -463,52 +464,72 @@ def main(argv=None) -> dict:
         log_file.write(line + "\n")
         log_file.flush()
 
-    from infra.hardware import cpu_description
-
     t_start, load_start = time.perf_counter(), os.getloadavg()
-    runs = []
     if a.finalize:
         cond, seed = a.finalize.rsplit("_seed", 1)
         _, _, heldout, _ = prepare(a, log)
         return finalize_run(a, cond, int(seed), heldout, log)
-    if not a.analyse_only:
-        log(f"sweep on {cpu_description()}; load average {' '.join(f'{x:.2f}' for x in load_start)}")
-        model, data, heldout, _ = prepare(a, log)
-        planned = [(cond, seed) for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1)
-                   for cond in a.condition_list if seed <= a.seeds_of(cond)]  # seed-major: a cut-short sweep has them all
-        records, pending, failed = {}, [], []
-        for cond, seed in planned:
-            cmd = train_command(a, cond, seed, model, data, run_dir_of(a, cond, seed))
-            record = finished_record(a, cond, seed, cmd)
-            if record is None:
-                pending.append((cond, seed, cmd))
-            else:
-                records[cond, seed] = record
-        while pending:
-            trained, broken = train_in_session(a, pending, log)
-            for cond, seed, _ in trained:
-                try:
-                    records[cond, seed] = finalize_run(a, cond, seed, heldout, log)
-                except RuntimeError as e:
-                    log(f"FAILED: {e}")
-                    failed.append(f"{cond}_seed{seed}")
-            for cond, seed, _ in broken:
-                log(f"FAILED: {cond}_seed{seed}; see {run_dir_of(a, cond, seed) / 'error.txt'} and the session log")
-                failed.append(f"{cond}_seed{seed}")
-            if not trained and not broken:  # the session died before its first run ended
-                failed += [f"{c}_seed{s}" for c, s, _ in pending]
-                break
-            done = {(c, s) for c, s, _ in trained + broken}
-            pending = [job for job in pending if (job[0], job[1]) not in done]
-        runs = [records[key] for key in planned if key in records]
-        if failed:
-            log(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them")
+    if a.analyse_only:
+        runs = [json.loads(f.read_text()) for f in sorted((a.out_dir / "runs").glob("*/run.json"))
+                if (f.parent / "DONE").is_file()]
     else:
-        for f in sorted((a.out_dir / "runs").glob("*/run.json")):
-            if (f.parent / "DONE").is_file():
-                runs.append(json.loads(f.read_text()))
+        log(f"sweep on {cpu_description()}; load average {' '.join(f'{x:.2f}' for x in load_start)}")
+        runs = sweep(a, log)
     order = a.condition_list  # the baseline first, as given
     runs = sorted((r for r in runs if r["condition"] in order), key=lambda r: (order.index(r["condition"]), r["seed"]))
+    summary = summarize(a, runs)
+    summary["timing"]["this_call"] = None if a.analyse_only else {
+        "wall_s": time.perf_counter() - t_start, "load_avg_start": list(load_start),
+        "load_avg_end": list(os.getloadavg())}
+    (a.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_jsonable))
+    with gzip.open(a.out_dir / "runs.json.gz", "wt") as f:
+        json.dump(runs, f)
+    (a.out_dir / "table.md").write_text(se_report.table(summary))
+    se_report.write_plots(runs, summary, a.out_dir, order)
+    log(f"wrote {a.out_dir / 'summary.json'}, table.md, runs.json.gz and the plots")
+    print(se_report.table(summary))
+    print(json.dumps(summary, default=_jsonable))
+    return summary
+
+
+def sweep(a: Args, log) -> list[dict]:
+    """Train and evaluate every planned run not finished yet (one session at a time, retrying
+    what a dead session left); the records of every finished run, in plan order."""
+    model, data, heldout, _ = prepare(a, log)
+    planned = [(cond, seed) for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1)
+               for cond in a.condition_list if seed <= a.seeds_of(cond)]  # seed-major: a cut-short sweep has them all
+    records, pending, failed = {}, [], []
+    for cond, seed in planned:
+        cmd = train_command(a, cond, seed, model, data, run_dir_of(a, cond, seed))
+        record = finished_record(a, cond, seed, cmd)
+        if record is None:
+            pending.append((cond, seed, cmd))
+        else:
+            records[cond, seed] = record
+    while pending:
+        trained, broken = train_in_session(a, pending, log)
+        for cond, seed, _ in trained:
+            try:
+                records[cond, seed] = finalize_run(a, cond, seed, heldout, log)
+            except RuntimeError as e:
+                log(f"FAILED: {e}")
+                failed.append(f"{cond}_seed{seed}")
+        for cond, seed, _ in broken:
+            log(f"FAILED: {cond}_seed{seed}; see {run_dir_of(a, cond, seed) / 'error.txt'} and the session log")
+            failed.append(f"{cond}_seed{seed}")
+        if not trained and not broken:  # the session died before its first run ended
+            failed += [f"{c}_seed{s}" for c, s, _ in pending]
+            break
+        done = {(c, s) for c, s, _ in trained + broken}
+        pending = [job for job in pending if (job[0], job[1]) not in done]
+    if failed:
+        log(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them")
+    return [records[key] for key in planned if key in records]
+
+
+def summarize(a: Args, runs: list[dict]) -> dict:
+    """`se_analysis.summarize` of the runs, with the sweep's settings, metric, provenance, warm
+    start and timing beside it."""
     summary = se_analysis.summarize(runs)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
                            if not k.startswith("_")}
@@ -524,17 +545,7 @@ def main(argv=None) -> dict:
         "session_startup_s_total": sum(r.get("session_startup_s", 0.0) for r in runs),
         "eval_s_median": _median([r["eval_s"] for r in runs]),
         "run_wall_s_total": sum(r["wall_s"] + r["eval_s"] for r in runs),
-        "this_call": None if a.analyse_only else {
-            "wall_s": time.perf_counter() - t_start, "load_avg_start": list(load_start),
-            "load_avg_end": list(os.getloadavg())}}
-    (a.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=_jsonable))
-    with gzip.open(a.out_dir / "runs.json.gz", "wt") as f:
-        json.dump(runs, f)
-    (a.out_dir / "table.md").write_text(se_report.table(summary))
-    se_report.write_plots(runs, summary, a.out_dir, order)
-    log(f"wrote {a.out_dir / 'summary.json'}, table.md, runs.json.gz and the plots")
-    print(se_report.table(summary))
-    print(json.dumps(summary, default=_jsonable))
+        "this_call": None}  # main fills it in
     return summary
 
 

@@ -70,6 +70,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from evaluation.metrics import aes, bootstrap_draws, mcnemar_p, percentile_interval, student_t_quantile
+
 BASELINE = "none"
 PRIMARY_SCORES = ("final_acc", "best_acc", "auc")
 SCORES = PRIMARY_SCORES + tuple(f"{k}_greedy" for k in PRIMARY_SCORES)
@@ -247,8 +249,6 @@ def minimal_detectable_effect(diffs: Sequence[float], power: float = POWER, alph
     """Approximate smallest true mean difference that a paired t-test over these seeds would
     detect with probability `power` at two-sided level `alpha`: (t(1 - alpha/2, n-1) + t(power,
     n-1)) x sd / sqrt(n), sd the sample standard deviation of the differences. None below 2 seeds."""
-    from evaluation.metrics import student_t_quantile
-
     d = np.asarray(diffs, dtype=float)
     if d.size < 2:
         return None
@@ -297,8 +297,6 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], n_resample
     """A - B over the seeds both have (seed -> score): n, the differences, their median with a
     percentile-bootstrap 95% interval over seeds, their mean, the sign-flip permutation p and
     the sign test's p, and whether the difference is resolved (interval excludes 0, p < 0.05)."""
-    from evaluation.metrics import bootstrap_draws, mcnemar_p, percentile_interval
-
     seeds = sorted(set(a) & set(b))
     if not seeds:
         raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
@@ -332,8 +330,6 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
      "positive_control": POSITIVE_CONTROL's final_acc difference (None when it did not run), ...}
     Pairs whose conditions are not both present are left out.
     """
-    from evaluation.metrics import aes
-
     by_condition: dict[str, list[Mapping]] = {}
     for run in runs:
         by_condition.setdefault(run["condition"], []).append(run)
@@ -350,7 +346,6 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
                     "response_tokens": float(np.mean([e["response_tokens"] for e in last])), "evals": last}
     conditions = {}
     for c, rs in by_condition.items():
-        axes = [cumulative_axes(r, unit_s) for r in rs]
         try:
             aes_value = aes(final[c]["accuracy"], final[c]["response_tokens"], final[baseline]["accuracy"],
                             final[baseline]["response_tokens"])
@@ -373,30 +368,44 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
                                                        match_fraction),
             "mean_response_tokens": final[c]["response_tokens"],
             "aes_vs_grpo": aes_value,
-            "train_tokens_per_step": float(np.median([np.mean([s["train_tokens"] for s in r["steps"]])
-                                                      for r in rs])),
-            "optimizer_steps_per_step": float(np.median([np.mean([s["optimizer_steps"] for s in r["steps"]])
-                                                         for r in rs])),
-            "replayed_per_step": float(np.median([np.mean([s["replayed_rollouts"] for s in r["steps"]])
-                                                  for r in rs])),
-            "total_rollouts": float(np.median([a["rollouts"][-1] for a in axes])),
-            "compute_units": float(np.median([a["compute_units"][-1] for a in axes])),
-            "train_units": float(np.median([a["train_units"][-1] for a in axes])),
-            "generation_units": float(np.median([a["generation_units"][-1] for a in axes])),
-            "final_train_reward": float(np.median([np.mean([s["reward"] for s in r["steps"][-3:]]) for r in rs])),
+            **_costs(rs, unit_s),
         }
     pair_stats = {f"{a}_vs_{b}": _pair(scores[a], scores[b]) for a, b in pairs if a in scores and b in scores}
     start = {r["seed"]: min(r["evals"], key=lambda e: e["step"])["accuracy"] for r in by_condition[baseline]}
     gain = paired_difference({s: v["final_acc"] for s, v in scores[baseline].items()}, start)
-    a, b = POSITIVE_CONTROL
-    control = None
-    if a in scores and b in scores:
-        stat = _pair(scores[a], scores[b])["final_acc"]
-        control = {"pair": f"{a}_vs_{b}", **{k: stat[k] for k in ("n", "median", "ci95", "p", "resolved", "mde")}}
+    control = _positive_control(scores)
     return {"baseline": baseline, "unit_s": unit_s, "match_fraction": match_fraction,
             "match_threshold": match_fraction * float(np.nanmax(rollout_curves[baseline]["median"])),
             "grpo_gain": {k: gain[k] for k in ("n", "median", "ci95", "p", "resolved")},
             "positive_control": control, "conditions": conditions, "pairs": pair_stats}
+
+
+def _costs(rs: Sequence[Mapping], unit_s: float) -> dict:
+    """What a condition's runs cost, median over seeds: per step (tokens trained, optimizer steps,
+    replayed rollouts), over the run (rollouts, compute units), and the training reward at its end."""
+    axes = [cumulative_axes(r, unit_s) for r in rs]
+    return {
+        "train_tokens_per_step": float(np.median([np.mean([s["train_tokens"] for s in r["steps"]])
+                                                  for r in rs])),
+        "optimizer_steps_per_step": float(np.median([np.mean([s["optimizer_steps"] for s in r["steps"]])
+                                                     for r in rs])),
+        "replayed_per_step": float(np.median([np.mean([s["replayed_rollouts"] for s in r["steps"]])
+                                              for r in rs])),
+        "total_rollouts": float(np.median([a["rollouts"][-1] for a in axes])),
+        "compute_units": float(np.median([a["compute_units"][-1] for a in axes])),
+        "train_units": float(np.median([a["train_units"][-1] for a in axes])),
+        "generation_units": float(np.median([a["generation_units"][-1] for a in axes])),
+        "final_train_reward": float(np.median([np.mean([s["reward"] for s in r["steps"][-3:]]) for r in rs])),
+    }
+
+
+def _positive_control(scores: Mapping) -> dict | None:
+    """POSITIVE_CONTROL's final_acc difference, paired by seed; None when it did not run."""
+    a, b = POSITIVE_CONTROL
+    if a not in scores or b not in scores:
+        return None
+    stat = _pair(scores[a], scores[b])["final_acc"]
+    return {"pair": f"{a}_vs_{b}", **{k: stat[k] for k in ("n", "median", "ci95", "p", "resolved", "mde")}}
 
 
 def _pair(a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]]) -> dict:
