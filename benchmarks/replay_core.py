@@ -85,6 +85,8 @@ GATHERED = ("prompt_ids", "prompt_offsets", "response_ids", "response_offsets", 
 class Workload:
     """The synthetic GRPO workload, identical on both sides."""
 
+    # One setting a line, as every config dataclass here: runs of them share a shape, not content.
+
     groups_per_step: int = 128
     """prompts per step"""
     group_size: int = 8

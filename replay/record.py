@@ -23,7 +23,8 @@ REFUSAL_REASONS = (
 )
 
 # name -> (dtype, what its length must match). "prompt"/"response" are flat token arrays,
-# "offsets" are (n + 1,) prefix sums, "rollout" arrays hold one value per rollout.
+# "offsets" are (n + 1,) prefix sums, "rollout" arrays hold one value per rollout. A table: its
+# rows share one shape by design.
 _LAYOUT: dict[str, tuple[type, str]] = {
     "prompt_ids": (np.int32, "prompt"),
     "prompt_offsets": (np.int64, "offsets"),
