@@ -64,3 +64,34 @@ def test_every_name_in_the_map_from_method_to_code_is_defined_there():
             if name and not re.search(rf"^\s*(def|class) {leaf}\b|^{leaf}\s*[:=]", path.read_text(), re.M):
                 missing.append(f"{path.relative_to(ROOT)}:{name}")
     assert not missing, missing
+
+
+# Files of other projects that docs/METHOD.md cites (the references it compares with): not here.
+EXTERNAL = {"recipe/dapo/dapo_ray_trainer.py", "verl/utils/dataset/rl_dataset.py", "verl/trainer/ppo/rollout_recorder.py",
+            "roll/pipeline/agentic/agentic_config.py", "roll/agentic/replay_buffer/trajectory_buffer.py",
+            "priority_functions.py", "agentic_config.py"}
+
+
+def _defines(path: Path, name: str) -> bool:
+    leaf = name.split(".")[-1]
+    return bool(re.search(rf"^\s*(def|class) {leaf}\b|^\s*{leaf}\s*[:=]", path.read_text(), re.M))
+
+
+def test_every_file_and_name_method_cites_is_defined_there():
+    """Each `path.py:name` of docs/METHOD.md names a file of this repository and something defined
+    in it. A path without its folder is in the folder of the last full path cited before it, else
+    the one file of that name; the references' files (EXTERNAL) are not checked."""
+    text = (ROOT / "docs/METHOD.md").read_text(encoding="utf-8")
+    ours = [p.relative_to(ROOT) for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in (".venv", "tests")]
+    missing, folder, checked = [], ROOT, 0
+    for file, name in re.findall(r"`([\w./]+\.py):([\w.]+)`", text):
+        if file in EXTERNAL:
+            continue
+        same_name = [p for p in ours if p.name == file]
+        path = next((p for p in (ROOT / file, folder / file) if p.is_file()),
+                    ROOT / same_name[0] if len(same_name) == 1 else None)
+        if path is None or not _defines(path, name):
+            missing.append(f"{file}:{name}")
+            continue
+        folder, checked = path.parent, checked + 1
+    assert checked >= 40 and not missing, missing
