@@ -50,6 +50,8 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.reward_faults = None  # the last step's samples scored 0 for a failed reward (`RewardFaults`)
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
+        """One replay step as the trainer runs it, top-down (README, "One training step")."""
+        # 1. The fresh batch: upstream's micro-batches with their group advantages.
         if self.args.reward.remote_url:  # with a reward model instead, rewards come later
             self.reward_faults = guard_rewards(rollout_samples)
         fresh = super().make_experience_batch(rollout_samples)
@@ -58,14 +60,16 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         t0 = time.perf_counter()
         args = self.args
         mark_fresh(fresh)
+        # 2. The buffer's step: evict by age, draw from earlier steps, store the fresh rollouts.
         rollouts = experiences_to_rollouts(fresh, self.step, args.rollout.n_samples_per_prompt)
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
                                 divide_by_std=args.algo.advantage.estimator != "dr_grpo")
         if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
-        ranks = data_parallel_ranks(args)
+        # 3. The replayed rows into the loss: micro-batches shaped like the fresh ones, per rank,
+        # with their importance weights (and RLEP's inert rows), pi_old as --replay.off_policy says.
         per_rank = []
-        for rows, weights, inert in replayed_for_ranks(comp, ranks):
+        for rows, weights, inert in replayed_for_ranks(comp, data_parallel_ranks(args)):
             part = rollouts_to_experiences(rows, fresh[0], args.rollout.micro_batch_size,
                                            self.tokenizer.pad_token_id, step=self.step, is_weights=weights)
             set_row_flags(part, INERT_KEY, inert)
@@ -74,6 +78,8 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.composition = comp
         if self.replay.config.effective_off_policy in ("refresh", "recompute") and len(comp.replayed):
             self._refresh_old_log_probs([e for part in per_rank for e in part])
+        # 4. Every rank's chunk holds the same fresh and replayed share. What is logged comes after
+        # the update: `ppo_trainer.py:train_step` adds `self.replay.metrics()` and per-kind statistics.
         batch = arrange_for_ranks(fresh, per_rank)
         dump_step(self.step, batch, comp)
         return batch
