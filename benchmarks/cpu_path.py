@@ -1,4 +1,4 @@
-"""Where the CPU training path loses time, measured side by side on this machine (issue #11).
+"""Where the CPU training path loses time, measured side by side on this machine.
 
 Each line compares two settings of one knob in the same process, alternating them over
 `--rounds` rounds (medians reported), so the ratio holds even on a busy machine:

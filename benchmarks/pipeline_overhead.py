@@ -1,4 +1,4 @@
-"""What the replay work costs inside the real CPU pipeline, per GRPO step (issue #5, item 4).
+"""What the replay work costs inside the real CPU pipeline, per GRPO step.
 
     python benchmarks/pipeline_overhead.py                    # tiny random Qwen3, 8 steps (~3 min)
     python benchmarks/pipeline_overhead.py --model smollm2 --steps 4

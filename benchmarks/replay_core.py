@@ -1,5 +1,5 @@
-"""Benchmark of the replay core (issue #2, item 4): one training step's replay work against the
-physical floor of copying its payload, and against TorchRL's `PrioritizedReplayBuffer`.
+"""Benchmark of the replay core: one training step's replay work against the physical floor of
+copying its payload, and against TorchRL's `PrioritizedReplayBuffer`.
 
     python benchmarks/replay_core.py                 # both configurations, both sides (~1 min)
     python benchmarks/replay_core.py --quick --no-torchrl   # seconds; what the smoke test runs

@@ -70,7 +70,7 @@ class SampleRecord:
     def to_dict(self) -> dict:
         """A JSON-ready dict of the fields above; metadata fields only when set."""
         row = dataclasses.asdict(self)
-        for name in METADATA_FIELDS:  # most benchmarks have none: keep their lines as before
+        for name in METADATA_FIELDS:  # most benchmarks have none: no empty fields on their lines
             if row[name] is None:
                 del row[name]
         return row

@@ -32,8 +32,8 @@ weight broadcast to vLLM) to run here, except those marked (speed), (safety net)
 - (fail-fast) `openrlhf.trainer.ray.create_vllm_engines` notes the engines it started, and
   (speed) `RayActorGroup.async_init_model_from_pretrained` waits for them before the first model
   is loaded: an engine that fails to start stops the run with its cause instead of leaving the
-  driver waiting, while the actor and controller processes start beside it (they used to start
-  only once the engines were up: a short lab run took ~10 s longer here).
+  driver waiting, while the actor and controller processes start beside it (upstream starts them
+  only once the engines are up: ~10 s more for a short lab run here).
 - `vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm`: 2-D weights use the live
   weight (`F.linear`). vLLM's CPU backend otherwise packs a private copy after loading and
   empties the layer's weight, so `load_weights` after a sync fails, and the embedding / lm_head
