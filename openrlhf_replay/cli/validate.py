@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import importlib.util
 import json
 import os
 import runpy
@@ -30,10 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from evaluation.cli import build_parser
+from evaluation.prompting import TEMPLATE_CHOICES
+from evaluation.runner import RunOptions
+from infra.errors import UserError
+from openrlhf_replay.cli import train_ppo_ray
 from openrlhf_replay.cli.prompts import partial_batch_errors, prompt_file_problems
-from openrlhf_replay.cli.train_ppo_ray import UPSTREAM_CLI
+from openrlhf_replay.cli.train_ppo_ray import UPSTREAM_CLI, _patched
 from openrlhf_replay.cpu import DEVICE_ENV
+from openrlhf_replay.trainer.ppo_utils.success_pool import dry_run_pool_errors
 from openrlhf_replay.utils import data_parallel_ranks, world_size
+
+# Deferred: Ray, upstream's modules and transformers load only inside a check that needs them,
+# after the CPU platform (when on) has installed the hooks that adapt them as they are imported.
 
 REPLAY_CLI = "openrlhf_replay.cli.train_ppo_ray"
 EVALUATION_CLI = "evaluation"
@@ -42,7 +52,6 @@ DATA_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".arrow", ".py")
 
 class Invalid(Exception):
     """The command cannot run; `errors` says why, each with its fix where there is one."""
-
     def __init__(self, errors: list[str]):
         super().__init__("; ".join(errors))
         self.errors = errors
@@ -51,7 +60,6 @@ class Invalid(Exception):
 @dataclass
 class Report:
     """What a valid command resolves to."""
-
     summary: str
     """One line for the user: what would run."""
     settings: dict
@@ -80,7 +88,6 @@ def split_command(command: list[str]) -> tuple[str, list[str]]:
 class _ReachedTrain(BaseException):
     """Raised at the first line of upstream's `train(args)`: every check before it has passed.
     A BaseException, so that no `except Exception` on the way up can take it for a failure."""
-
     def __init__(self, nested_args):
         super().__init__("reached train()")
         self.nested_args = nested_args
@@ -89,11 +96,7 @@ class _ReachedTrain(BaseException):
 @contextlib.contextmanager
 def _stop_at_train():
     """Stop upstream's `__main__` where `train(args)` begins; refuse to ever start Ray."""
-    import importlib.util
-
     import ray
-
-    from openrlhf_replay.cli.train_ppo_ray import _patched
 
     upstream_file = os.path.realpath(importlib.util.find_spec(UPSTREAM_CLI).origin)
     original = ray.is_initialized
@@ -133,9 +136,6 @@ def resolve_training(module: str, argv: list[str]):
     """Run the launcher `module` on `argv` up to upstream's `train()`: (the nested arguments it
     would train with, the same before upstream's inline rewrites). `Invalid` if it refuses them."""
     import openrlhf.utils.config as upstream_config
-
-    from openrlhf_replay.cli import train_ppo_ray
-    from openrlhf_replay.cli.train_ppo_ray import _patched
 
     raw = {}
     original_hierarchize = upstream_config.hierarchize
@@ -225,7 +225,6 @@ def launch_errors(args) -> list[str]:
     errors += partial_batch_errors(args)
     errors += prompt_file_problems(args)[0]
     if getattr(getattr(args, "replay", None), "success_pool", None):
-        from openrlhf_replay.trainer.ppo_utils.success_pool import dry_run_pool_errors
 
         errors += dry_run_pool_errors(args)
     if not args.data.prompt_dataset:
@@ -272,13 +271,6 @@ def _to_dict(ns) -> dict:
 
 def check_evaluation(argv: list[str]) -> Report:
     """Parse with the evaluation CLI's parser; `run` / `sweep` options through `RunOptions`."""
-    from evaluation.cli import build_parser
-    from evaluation.prompting import TEMPLATE_CHOICES
-    from evaluation.runner import RunOptions
-    from infra.errors import UserError
-
-    from openrlhf_replay.cli.train_ppo_ray import _patched
-
     with _patched(argparse.ArgumentParser, "error", _parser_error):
         args = build_parser().parse_args(argv)
     notes = []

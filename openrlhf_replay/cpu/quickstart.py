@@ -220,8 +220,6 @@ def evaluate(args: argparse.Namespace) -> dict:
     and table in `args.out`, see `heldout`), then the trained model on the five benchmarks into
     `args.benchmarks_out` (the harness's `run`), in one process so that torch and vLLM are
     imported once. Returns the before/after comparison."""
-
-
     train = [line for line in args.prompts.read_text("utf-8").splitlines() if line.strip()]
     if args.problems < 1 and str(args.source) != ARITHMETIC:
         raise QuickstartError("HELDOUT=0 (every problem not trained on) is for the arithmetic problems only; "
