@@ -29,6 +29,16 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from evaluation.generation import VLLMBackend
+from openrlhf_replay.cli.prompts import file_rows, prompt_file_problems
+from openrlhf_replay.trainer.ppo_utils.success_pool import (max_prompt_len, prompt_token_ids, prompt_uids,
+                                                            tokenizer_fingerprint, upstream_preprocess_data)
+from replay.pool import POOL_VERSION, SuccessPool, SuccessPoolError, save_pool
+from replay.record import RolloutBatch
+
+# vLLM, torch and transformers are imported where the pool is decoded and graded, so `--help` and
+# the argument checks answer at once.
+
 DEFAULT_REWARD = Path(__file__).resolve().parents[2] / "evaluation" / "reward.py"
 
 
@@ -69,8 +79,6 @@ def read_prompts(a) -> tuple[list[str], list]:
     """(prompt texts after upstream's templates, gold labels) of the prompt file; SystemExit on a bad file."""
     from transformers import AutoTokenizer
 
-    from openrlhf_replay.cli.prompts import file_rows, prompt_file_problems
-    from openrlhf_replay.trainer.ppo_utils.success_pool import upstream_preprocess_data
 
     data = SimpleNamespace(prompt_dataset=a.prompts, input_key=a.input_key, label_key=a.label_key,
                            apply_chat_template=a.apply_chat_template)
@@ -103,7 +111,6 @@ def decode(a, prompt_ids: list[list[int]]) -> list[list[tuple[list[int], list[fl
     """For each prompt, its `samples_per_prompt` responses as (token ids, sampling log-probs)."""
     from vllm import SamplingParams
 
-    from evaluation.generation import VLLMBackend
 
     backend = VLLMBackend(a.model, dtype=a.dtype, max_model_len=a.max_len, engine_seed=a.seed)
     try:
@@ -162,10 +169,6 @@ def grade(a, tokenizer, prompts, labels, prompt_ids, responses) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
-    from openrlhf_replay.trainer.ppo_utils.success_pool import (
-        max_prompt_len, prompt_token_ids, prompt_uids, tokenizer_fingerprint)
-    from replay.pool import POOL_VERSION, SuccessPool, SuccessPoolError, save_pool
-    from replay.record import RolloutBatch
 
     a = build_parser().parse_args(argv)
     if a.samples_per_prompt < 1 or a.max_new_tokens < 1 or a.max_len < 2 or a.grade_batch < 1:

@@ -8,13 +8,20 @@ way upstream tokenizes a prompt for vLLM (`openrlhf/utils/agent.py`, `execute`).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 
+from openrlhf_replay.cli.prompts import UnreadableFile, file_rows
 from openrlhf_replay.trainer.ppo_utils.prompt_identity import prompt_uid
+from replay import ReplayConfig
 from replay.pool import SuccessPool, SuccessPoolError, load_pool, pool_mismatch
+
+# transformers is imported where a tokenizer is loaded: the launcher's checks import this module
+# before anything heavy is needed.
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -36,9 +43,6 @@ def prompt_token_ids(tokenizer, prompt: str, max_prompt_len: int | None = None) 
 def upstream_preprocess_data():
     """Upstream's `openrlhf.datasets.prompts_dataset.preprocess_data` (its prompt templating),
     loaded from its file alone: the `openrlhf.datasets` package imports most of OpenRLHF."""
-    import importlib.util
-    from pathlib import Path
-
     root = Path(importlib.util.find_spec("openrlhf").submodule_search_locations[0])
     spec = importlib.util.spec_from_file_location("_openrlhf_prompts_dataset", root / "datasets" / "prompts_dataset.py")
     module = importlib.util.module_from_spec(spec)
@@ -71,8 +75,6 @@ def dry_run_pool_errors(args) -> list[str]:
     machine. Otherwise (or when the pool itself is unreadable, which the launcher reports) nothing."""
     from transformers import AutoTokenizer
 
-    from openrlhf_replay.cli.prompts import UnreadableFile, file_rows
-    from replay import ReplayConfig
 
     config = ReplayConfig.from_namespace(args)
     dataset = (args.data.prompt_dataset or "").split("@")[0].strip()
