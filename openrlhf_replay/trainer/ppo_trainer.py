@@ -22,21 +22,12 @@ from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
 from openrlhf_replay.utils import undecorated
-from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig, replay_target
+from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
 from replay.checkpoint import state_digest
 
 logger = init_logger(__name__)  # upstream's handler: a bare logger prints nothing inside a Ray actor
 
 REPLAY_STATE_KEY = "replay_state"  # client_states key: the replay file saved with a checkpoint
-
-
-def replay_per_step(config: ReplayConfig, args) -> int:
-    """Rows each step adds for replay once the buffer holds enough: `replay_target` for a batch of
-    `rollout.batch_size` prompt groups, completed to whole training batches (RLEP's inert rows), so
-    every data-parallel rank runs the same number of optimizer steps."""
-    fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
-    target = replay_target(config, fresh, args.rollout.batch_size, args.train.batch_size)
-    return -(-target // args.train.batch_size) * args.train.batch_size
 
 
 def rollout_steps(args, n_prompts: int) -> int:

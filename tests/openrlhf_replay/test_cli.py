@@ -94,8 +94,7 @@ def test_cli_help_lists_upstream_and_replay_flags():
 
 
 def test_launcher_states_the_replay_count_it_will_run(make_args):
-    from openrlhf_replay.cli.train_ppo_ray import _describe
-    from openrlhf_replay.trainer.ppo_trainer import replay_per_step
+    from openrlhf_replay.cli.train_ppo_ray import _describe, replay_per_step
     from replay import ReplayConfig
 
     # 8 prompts x 4 = 32 fresh, training batches of 8: ratio 0.625 -> 20 = 2.5 batches -> 3 (halves up)
