@@ -47,7 +47,11 @@ import time
 from datetime import timedelta
 
 from infra.hardware import DtypeChoice, choose_cpu_dtype
-from openrlhf_replay.cpu import DEVICE_ENV, CpuPlatformError
+from openrlhf_replay.cpu import DEVICE_ENV, ENV_DEFAULTS, CpuPlatformError
+
+# torch, Ray, vLLM and upstream modules are imported inside the patch that needs them: this module
+# loads with the first watched module in every process of a CPU run, which must not pull in the
+# others (nor import a watched module while the hooks are applying another's patch).
 
 LOGICAL_GPUS_ENV = "OPENRLHF_REPLAY_CPU_LOGICAL_GPUS"
 LOGICAL_CPUS_ENV = "OPENRLHF_REPLAY_CPU_LOGICAL_CPUS"
@@ -97,8 +101,6 @@ def patch_deepspeed_comm(comm_torch) -> None:
 
 def platform_env() -> dict[str, str]:
     """The environment every process of a CPU run needs (what the driver has, with defaults)."""
-    from openrlhf_replay.cpu import ENV_DEFAULTS
-
     env = {DEVICE_ENV: "cpu"}
     for key, default in ENV_DEFAULTS.items():
         env[key] = os.environ.get(key, default)
