@@ -71,9 +71,9 @@ def resolve(command: list[str]):
 
 
 def engine_mismatches(first, args) -> list[str]:
-    from openrlhf_replay.cli.validate import _flatten
+    from openrlhf_replay.cli.validate import flatten_args
 
-    mine, theirs = _flatten(first), _flatten(args)
+    mine, theirs = flatten_args(first), flatten_args(args)
     return [f"--{flag}: {mine[flag]!r} in the first run, {theirs[flag]!r} here" for flag in ENGINE_FLAGS
             if mine[flag] != theirs[flag]]
 
@@ -88,10 +88,10 @@ def _controller_class():
         def prepare(self, replay_on: bool, pretrain, strategy, actor_group, vllm_engines, generate_kwargs):
             from openrlhf.trainer.ppo_trainer import PPOTrainer
 
-            from openrlhf_replay.trainer.ppo_trainer import _ReplayPPOTrainer
+            from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
             from openrlhf_replay.utils import undecorated
 
-            cls = _ReplayPPOTrainer if replay_on else undecorated(PPOTrainer)
+            cls = undecorated(ReplayPPOTrainer if replay_on else PPOTrainer)
             self.trainer = cls(pretrain, strategy, actor_group, None, None, None, vllm_engines, **generate_kwargs)
             return self.trainer.get_max_steps()
 

@@ -194,7 +194,7 @@ def success_pool_errors(config: ReplayConfig) -> list[str]:
     return []
 
 
-def _describe(args) -> str:
+def describe_replay(args) -> str:
     config = ReplayConfig.from_namespace(args)
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     k = replay_per_step(config, args)
@@ -297,7 +297,7 @@ def _checked(hierarchize, cpu_on: bool, replay_on: bool):
         if report:
             sys.exit("\n".join(report))
         if replay_on:
-            print(_describe(nested), flush=True)
+            print(describe_replay(nested), flush=True)
             for note in prompt_file_problems(nested)[1]:
                 print(f"train_ppo_ray: note: {note}", flush=True)
         return nested

@@ -171,7 +171,7 @@ def check_training(module: str, argv: list[str]) -> Report:
     errors = launch_errors(args)
     if errors:
         raise Invalid(errors)
-    before, after = _flatten(raw), _flatten(args)
+    before, after = flatten_args(raw), flatten_args(args)
     notes = [f"upstream set {k}: {before.get(k)!r} -> {after[k]!r}" for k in sorted(after)
              if _plain(before.get(k)) != _plain(after[k])]
     notes += prompt_file_problems(args)[1]
@@ -246,13 +246,13 @@ def _describe_batches(args) -> str:
             f"{', colocated' if args.train.colocate_all else ''}")
 
 
-def _flatten(ns, prefix: str = "") -> dict:
+def flatten_args(ns, prefix: str = "") -> dict:
     if ns is None:
         return {}
     out = {}
     for k, v in vars(ns).items():
         if isinstance(v, SimpleNamespace):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten_args(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out

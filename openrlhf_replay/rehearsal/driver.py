@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, _flatten, launch_errors,
+from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, flatten_args, launch_errors,
                                           resolve_training, split_command)
 import openrlhf_replay.rehearsal as package
 from openrlhf_replay.cpu import DEVICE_ENV, _hook
@@ -66,9 +66,9 @@ def _controller_class(module: str, args):
     from openrlhf.trainer.ppo_trainer import PPOTrainer
 
     if module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled:
-        from openrlhf_replay.trainer.ppo_trainer import _ReplayPPOTrainer
+        from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
 
-        return _ReplayPPOTrainer
+        return undecorated(ReplayPPOTrainer)
     return undecorated(PPOTrainer)
 
 
@@ -193,7 +193,7 @@ def rehearse(command: list[str], settings: Settings = Settings(), log=print) -> 
     for flags in settings.shape:
         shadow_args, refused = _resolved(module, argv + shlex.split(flags))
         if shadow_args is not None:
-            mine, theirs = _flatten(args), _flatten(shadow_args)
+            mine, theirs = flatten_args(args), flatten_args(shadow_args)
             other = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k)
                            and k not in SHAPE_FLAGS and not k.startswith(("ckpt.", "logger.")))
             if other:

@@ -94,18 +94,18 @@ def test_cli_help_lists_upstream_and_replay_flags():
 
 
 def test_launcher_states_the_replay_count_it_will_run(make_args):
-    from openrlhf_replay.cli.train_ppo_ray import _describe, replay_per_step
+    from openrlhf_replay.cli.train_ppo_ray import describe_replay, replay_per_step
     from replay import ReplayConfig
 
     # 8 prompts x 4 = 32 fresh, training batches of 8: ratio 0.625 -> 20 = 2.5 batches -> 3 (halves up)
     args = make_args("--replay.mode", "advantage", "--replay.ratio", "0.625")
     assert replay_per_step(ReplayConfig.from_namespace(args), args) == 24
-    assert "24 replayed + 32 fresh rollouts per step after step 20 (20 rounded to whole" in _describe(args)
+    assert "24 replayed + 32 fresh rollouts per step after step 20 (20 rounded to whole" in describe_replay(args)
     success = make_args("--replay.mode", "success", "--replay.per_prompt", "2")
     assert replay_per_step(ReplayConfig.from_namespace(success), success) == 16
     assert ("up to 2 successes of each of the 8 prompts (min of that and its stored successes) join its group of 4 "
-            "after step 20, from the in-run pool") in _describe(success)
-    assert "(at most 16 rows); pi_old of replayed rows: recompute" in _describe(success)
+            "after step 20, from the in-run pool") in describe_replay(success)
+    assert "(at most 16 rows); pi_old of replayed rows: recompute" in describe_replay(success)
     # RLEP's count is never cut to whole batches: one success per prompt still replays
     odd = make_args("--replay.mode", "success", "--replay.per_prompt", "1", "--train.batch_size", "32")
     assert replay_arg_errors(odd) == [] and replay_per_step(ReplayConfig.from_namespace(odd), odd) == 32
