@@ -46,7 +46,7 @@ if [[ $PYTHON == */* ]]; then  # a relative path would break once a run changes 
 fi
 DRY_RUN=${DRY_RUN:-0}
 REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/rehearsal/); all: at every scale and GPU count too
-REHEARSE_SOLVE_RATE=${REHEARSE_SOLVE_RATE:-}     # the rehearsal's mean P(correct) over prompts (unset: its default, 0.4; see rehearse.py --help)
+REHEARSE_SOLVE_RATE=${REHEARSE_SOLVE_RATE:-}     # the rehearsal's mean P(correct) over prompts (unset: its default, 0.4; see python -m openrlhf_replay.rehearsal --help)
 
 # ---- the algorithm (docs/METHOD.md sections 2-3)
 ROLLOUT_PROMPTS=${ROLLOUT_PROMPTS:-128}
