@@ -89,7 +89,7 @@ def grade_matches(cases: list[Case], workers: int = 2, timeout_s: float = 30.0) 
     return [g.verdict is Verdict.CORRECT for g in graded]
 
 
-def _math_verify_alone(response: str, gold: str) -> bool:
+def math_verify_alone(response: str, gold: str) -> bool:
     """math-verify's own extraction and comparison, its timeouts off: they only fire on a loaded
     machine, and a verdict should not depend on the load (the pool's PEER_TIMEOUT_S bounds it)."""
     from math_verify import parse, verify
@@ -137,7 +137,7 @@ PEERS = {"mathruler": _mathruler, "prime_math": _prime_math, "math_dapo": _math_
 
 
 def _call(fn_name: str, response: str, gold: str) -> bool:
-    fn = _math_verify_alone if fn_name == "math-verify" else PEERS[fn_name]
+    fn = math_verify_alone if fn_name == "math-verify" else PEERS[fn_name]
     try:
         return fn(response, gold)
     except Exception:  # a peer that raises on a case has not matched it

@@ -130,7 +130,7 @@ def prepare_smollm2(out_dir: str | Path | None = None) -> Path:
 
 
 @contextlib.contextmanager
-def _one_gguf_parse():
+def one_gguf_parse():
     """transformers parses the GGUF file anew for the config, the weights, the tokenizer's config
     and the tokenizer (its `load_gguf_checkpoint` imports `gguf.GGUFReader` at each call); parsing
     SmolLM2's 49k-token vocabulary takes seconds each time. Inside this block one reader per file
@@ -158,7 +158,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     src, name = str(gguf_path.parent), gguf_path.name
-    with _one_gguf_parse():
+    with one_gguf_parse():
         quantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
     config = quantised.config

@@ -329,7 +329,7 @@ def test_closed_grader_refuses_work():
 # ---- the peer-derived regression set (tests/evaluation/data/grader_cases.jsonl) -------------
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from grader_agreement import _math_verify_alone, load_cases  # noqa: E402
+from grader_agreement import math_verify_alone, load_cases  # noqa: E402
 
 
 def test_regression_set_grade_agrees_at_least_as_often_as_math_verify_alone():
@@ -342,7 +342,7 @@ def test_regression_set_grade_agrees_at_least_as_often_as_math_verify_alone():
     with Grader(workers=2, timeout_s=30.0) as grader:
         futures = [grader.submit(c.response, c.gold) for c in cases]
         for c in cases[::37]:
-            assert _math_verify_alone(c.response, c.gold) == c.math_verify, (c.test, c.response)
+            assert math_verify_alone(c.response, c.gold) == c.math_verify, (c.test, c.response)
         graded = [f.result(timeout=600) for f in futures]
     ours = [g.verdict is C for g in graded]
     counted = [i for i, c in enumerate(cases) if not c.deliberate]

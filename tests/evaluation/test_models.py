@@ -7,7 +7,7 @@ import pytest
 
 from infra import models
 from infra.errors import UserError
-from infra.models import COMPLETE_MARKER, _one_gguf_parse, build_tiny_qwen3, find_smollm2_gguf
+from infra.models import COMPLETE_MARKER, one_gguf_parse, build_tiny_qwen3, find_smollm2_gguf
 
 SMALL = dict(corpus=["What is 2 + 3? The answer is \\boxed{5}.", "Natalia sold 48 clips."] * 50,
              vocab_size=400, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -117,7 +117,7 @@ def test_the_conversion_parses_the_gguf_file_once(monkeypatch):
     original = gguf.GGUFReader
     monkeypatch.setattr(gguf, "GGUFReader", counted)
     path = find_smollm2_gguf()
-    with _one_gguf_parse():
+    with one_gguf_parse():
         first = load_gguf_checkpoint(path, return_tensors=False)
         again = load_gguf_checkpoint(str(path), return_tensors=False)
     assert len(opened) == 1
