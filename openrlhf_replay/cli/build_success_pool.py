@@ -79,7 +79,6 @@ def read_prompts(a) -> tuple[list[str], list]:
     """(prompt texts after upstream's templates, gold labels) of the prompt file; SystemExit on a bad file."""
     from transformers import AutoTokenizer
 
-
     data = SimpleNamespace(prompt_dataset=a.prompts, input_key=a.input_key, label_key=a.label_key,
                            apply_chat_template=a.apply_chat_template)
     if not Path(a.prompts).is_file():
@@ -110,7 +109,6 @@ def load_reward(path: str):
 def decode(a, prompt_ids: list[list[int]]) -> list[list[tuple[list[int], list[float]]]]:
     """For each prompt, its `samples_per_prompt` responses as (token ids, sampling log-probs)."""
     from vllm import SamplingParams
-
 
     backend = VLLMBackend(a.model, dtype=a.dtype, max_model_len=a.max_len, engine_seed=a.seed)
     try:
@@ -168,7 +166,6 @@ def grade(a, tokenizer, prompts, labels, prompt_ids, responses) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
-
 
     a = build_parser().parse_args(argv)
     if a.samples_per_prompt < 1 or a.max_new_tokens < 1 or a.max_len < 2 or a.grade_batch < 1:

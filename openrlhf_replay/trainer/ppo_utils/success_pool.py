@@ -75,7 +75,6 @@ def dry_run_pool_errors(args) -> list[str]:
     machine. Otherwise (or when the pool itself is unreadable, which the launcher reports) nothing."""
     from transformers import AutoTokenizer
 
-
     config = ReplayConfig.from_namespace(args)
     dataset = (args.data.prompt_dataset or "").split("@")[0].strip()
     if not config.success_pool or "," in (args.data.prompt_dataset or "") or not os.path.isfile(dataset):
