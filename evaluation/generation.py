@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from evaluation.prompting import encode_prompt
 from infra.errors import UserError
 from infra.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype
-from evaluation.prompting import encode_prompt
 
 logger = logging.getLogger(__name__)
 

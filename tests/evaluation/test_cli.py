@@ -10,8 +10,8 @@ import time
 import pytest
 
 from evaluation import benchmarks, cli
-from infra.models import build_tiny_qwen3
 from evaluation.records import VERDICTS, SampleRecord
+from infra.models import build_tiny_qwen3
 
 TINY_ARGS = ["--backend", "hf", "--benchmarks", "math500,gsm8k", "--limit", "3",
              "--n-samples", "2", "--temperature", "0.6", "--top-p", "0.95",

@@ -8,8 +8,8 @@ import torch
 from infra.errors import UserError
 from evaluation.generation import (Generation, HFBackend, SeededSampler, VLLMBackend, derive_seed,
                                    estimate_kv_cache_gib)
-from infra.hardware import VLLM_CPU_PROCESS_ENV
 from evaluation.prompting import BOXED_INSTRUCTION, PLAIN_TEMPLATE, resolve_template
+from infra.hardware import VLLM_CPU_PROCESS_ENV
 
 PROBLEMS = ["What is 2 + 3?", "Compute $\\frac{1}{2} + \\frac{1}{3}$.", "How many primes are below 20?"]
 

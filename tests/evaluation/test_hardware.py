@@ -2,8 +2,8 @@
 override, and what the evaluation backends load with."""
 import pytest
 
-from infra.hardware import DTYPE_ENV, choose_cpu_dtype, cpu_description, cpu_flags
 from evaluation.generation import HFBackend, estimate_kv_cache_gib, resolve_dtype
+from infra.hardware import DTYPE_ENV, choose_cpu_dtype, cpu_description, cpu_flags
 
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
 SAPPHIRE_RAPIDS = AVX2_ONLY | {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}

@@ -7,8 +7,8 @@ import pytest
 
 from evaluation import cli, comparison, report
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
-from infra.errors import UserError
 from evaluation.metrics import aes, summarize
+from infra.errors import UserError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
