@@ -22,8 +22,8 @@
 #   LR       learning rate (default 5e-5)  SEED  training and held-out sampling seed (default 42)
 #   HELDOUT  held-out problems, drawn from those not trained on (default: all of them, 0, with the
 #            arithmetic problems: 146 at 4 steps; 146 with GSM8K)
-#   HELDOUT_SAMPLES  samples per held-out problem (default 2; benchmarks/results/quickstart_pilot.md
-#            says why: in a pilot, 146 x 2 resolved the difference in 5 of 5 seeds at LR 5e-5)
+#   HELDOUT_SAMPLES  samples per held-out problem (default 1; 2 narrows the interval by a fifth for
+#            ~55 s more: benchmarks/results/quickstart_pilot.md)
 #   EVAL=0   skip the evaluation (held-out and benchmarks)
 #   MAX_NEW_TOKENS (48; GSM8K: 200, 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (128)
 #   OPENRLHF_REPLAY_CPU_DTYPE  compute dtype of training, generation and evaluation: auto (default:
@@ -53,7 +53,7 @@ EVAL_LIMIT=${EVAL_LIMIT:-2}
 EVAL=${EVAL:-1}
 LR=${LR:-5e-5}
 SEED=${SEED:-42}
-HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-2}
+HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-1}
 if [ "$DATA" = arithmetic ]; then HELDOUT=${HELDOUT:-0}; else HELDOUT=${HELDOUT:-146}; fi
 PROMPTS_PER_STEP=4
 SAMPLES_PER_PROMPT=4
@@ -146,7 +146,7 @@ ls "$RUN_DIR"/checkpoints/_replay/*.npz >/dev/null 2>&1 ||
 say "trained model: $RUN_DIR/model; checkpoint (replay state in _replay/): $RUN_DIR/checkpoints"
 
 if [ "$EVAL" = 1 ]; then
-  say "5/5 evaluation: the model before and after training on held-out problems ($HELDOUT_SAMPLES samples each, temperature $TEMPERATURE, up to $MAX_NEW_TOKENS tokens), then $EVAL_LIMIT problems of each of the five benchmarks, greedy, up to $EVAL_MAX_NEW_TOKENS tokens"
+  say "5/5 evaluation: the model before and after training on held-out problems ($HELDOUT_SAMPLES sample(s) each, temperature $TEMPERATURE, up to $MAX_NEW_TOKENS tokens), then $EVAL_LIMIT problems of each of the five benchmarks, greedy, up to $EVAL_MAX_NEW_TOKENS tokens"
   # The CPU platform's OpenMP settings (openrlhf_replay/cpu/__init__.py) for the evaluation too; the
   # harness places vLLM's model itself (infra/hardware.py:VLLM_CPU_PROCESS_ENV).
   run_logged "$RUN_DIR/eval.log" env OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS="$(nproc)" \

@@ -92,7 +92,7 @@ def table(result: dict, what: str) -> str:
                else "the interval includes 0: no change resolved")
     return "\n".join([
         f"Before and after training, on {result['problems']} held-out problems ({what}) x "
-        f"{result['samples_per_problem']} samples:",
+        f"{result['samples_per_problem']} sample{'s' if result['samples_per_problem'] != 1 else ''}:",
         "",
         "| model | accuracy |",
         "|---|---|",

@@ -231,7 +231,7 @@ def evaluate(args: argparse.Namespace) -> dict:
         raise QuickstartError(f"{e} (HELDOUT)") from None
     settings = dict(samples=args.samples, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                     seed=args.seed)
-    print(f"evaluation: {len(problems)} held-out problems x {args.samples} samples, temperature "
+    print(f"evaluation: {len(problems)} held-out problems x {args.samples} sample(s), temperature "
           f"{args.temperature}, up to {args.max_new_tokens} tokens: the model before training", flush=True)
     before = heldout.evaluate(args.base, problems, args.out / "before.jsonl", **settings)
     print("evaluation: the same problems and sampling seeds, the model after training", flush=True)
