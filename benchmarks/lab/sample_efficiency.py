@@ -79,7 +79,8 @@ ROLLOUT_TEMPERATURE = 1.0
 # Settings that depend on the task: the first edition's values for add2, so that it reruns as
 # published (48 steps, no prompt returns, 200 held-out, warm start to 0.3 checked every 10 steps).
 TASK_DEFAULTS = {
-    "mixed": {"steps": 50, "pool_steps": 10, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.4,
+    # chosen in the pilot before the sweep: benchmarks/results/sample_efficiency/pilot.md
+    "mixed": {"steps": 50, "pool_steps": 50, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.25,
               "warm_eval_every": 50, "conditions": ",".join(CONDITIONS), "seeds": 8, "ablation_seeds": 3},
     "add2": {"steps": 48, "pool_steps": 48, "eval_every": 4, "heldout_size": 200, "target_accuracy": 0.3,
              "warm_eval_every": 10, "conditions": ",".join(FIRST_EDITION), "seeds": 3, "ablation_seeds": 3},
@@ -114,7 +115,8 @@ class Args:
     pool_steps: int | None = None
     """Steps per pass over the prompt pool (pool = pool_steps x prompts per step, stratified by
     band; `--train.num_episodes` = steps / pool_steps): a prompt returns every pool_steps steps
-    (default 10; add2: 48, no return)."""
+    (default 50 = steps: no prompt returns, so replay's gain cannot come from fitting a small pool;
+    add2: 48)."""
     prompts_per_step: int = 16
     """Prompts per step (`--rollout.batch_size`)."""
     group_size: int = 8
@@ -148,9 +150,9 @@ class Args:
     heldout_size: int | None = None
     """Held-out problems, an equal share per band, never trained on (default 500; add2: 200)."""
     target_accuracy: float | None = None
-    """Warm start: supervised training stops at the first check at or above this held-out accuracy
-    (default 0.4; add2: 0.3). Measured here (pilot): stopping at 0.48 left GRPO +3 points to gain
-    in 50 steps, at 0.34 +7 but almost no prompt always right; 0.4 keeps a share at each end."""
+    """Warm start: supervised training stops at the first check at or above this held-out greedy
+    accuracy (default 0.25; add2: 0.3). In the pilot (results/sample_efficiency/pilot.md), GRPO
+    gained +4.3 points of avg@8 in 50 steps from 0.25, +3.8 from 0.4."""
     warm_eval_every: int | None = None
     """Warm start: supervised steps between checks (default 50; add2: 10)."""
     run_timeout_s: int = 900
@@ -250,9 +252,10 @@ def condition_flags(cond: str, a: Args) -> list[str]:
         "freshness": ["--replay.mode", "freshness", "--replay.tau", str(a.freshness_tau),
                       "--replay.capacity", str(a.freshness_capacity), "--replay.beta_steps", str(a.steps),
                       *shared],
-        # RLEP keeps every success (no age limit) and replays per_prompt per fresh prompt
+        # RLEP keeps every success (no age limit) and replays per_prompt per fresh prompt, from the
+        # offline pool a finished GRPO run of this sweep decoded (`build_success_pool`)
         "success": ["--replay.mode", "success", "--replay.per_prompt", str(a.success_per_prompt),
-                    "--replay.warmup", str(a.replay_warmup)],
+                    "--replay.warmup", str(a.replay_warmup), "--replay.success_pool", str(success_pool_path(a))],
     }[cond]
 
 
@@ -498,7 +501,7 @@ def sweep(a: Args, log) -> list[dict]:
     model, data, heldout, _ = prepare(a, log)
     planned = [(cond, seed) for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1)
                for cond in a.condition_list if seed <= a.seeds_of(cond)]  # seed-major: a cut-short sweep has them all
-    records, pending, failed = {}, [], []
+    records, pending = {}, []
     for cond, seed in planned:
         cmd = train_command(a, cond, seed, model, data, run_dir_of(a, cond, seed))
         record = finished_record(a, cond, seed, cmd)
@@ -506,6 +509,25 @@ def sweep(a: Args, log) -> list[dict]:
             pending.append((cond, seed, cmd))
         else:
             records[cond, seed] = record
+    # `success` trains last: its pool comes from GRPO's seed 1, which must be finished first.
+    later = [job for job in pending if job[0] == "success"]
+    failed = train_all(a, [job for job in pending if job[0] != "success"], records, heldout, log)
+    if later and (se_analysis.BASELINE, 1) in records:
+        build_success_pool(a, data, log)
+        failed += train_all(a, later, records, heldout, log)
+    elif later:
+        log(f"success: not trained, its pool needs a finished {se_analysis.BASELINE}_seed1")
+        failed += [f"success_seed{seed}" for _, seed, _ in later]
+    if failed:
+        log(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them")
+    return [records[key] for key in planned if key in records]
+
+
+def train_all(a: Args, pending: list, records: dict, heldout, log) -> list[str]:
+    """Train and grade the pending (condition, seed, command) runs, one session at a time until
+    none is left or a session dies before its first run ends; records of the finished runs go
+    to `records`. Returns the names of the runs that failed."""
+    failed = []
     while pending:
         trained, broken = train_in_session(a, pending, log)
         for cond, seed, _ in trained:
@@ -522,9 +544,33 @@ def sweep(a: Args, log) -> list[dict]:
             break
         done = {(c, s) for c, s, _ in trained + broken}
         pending = [job for job in pending if (job[0], job[1]) not in done]
-    if failed:
-        log(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them")
-    return [records[key] for key in planned if key in records]
+    return failed
+
+
+def success_pool_path(a: Args) -> Path:
+    return a.out_dir / "data" / "success_pool.npz"
+
+
+def build_success_pool(a: Args, data: Path, log) -> Path:
+    """RLEP's offline pool for `success`, built as RLEP builds it (a finished GRPO run decodes
+    every training prompt; the verified successes are kept: Kwai-Klear/RLEP, README and
+    recipe/rlep/rlep_training.sh): GRPO seed 1's final model samples `group_size` answers to each
+    prompt of the RL pool at the rollout temperature. So `success` has something to replay even
+    when no prompt returns within a run. Built again when that run is newer than the pool."""
+    pool, grpo = success_pool_path(a), run_dir_of(a, se_analysis.BASELINE, 1)
+    if pool.is_file() and pool.stat().st_mtime > (grpo / "DONE").stat().st_mtime:
+        return pool
+    cmd = [sys.executable, "-m", "openrlhf_replay.cli.build_success_pool", "--model", str(grpo / "model"),
+           "--prompts", str(data), "--input-key", "prompt", "--label-key", "answer",
+           "--input-template", PROMPT_TEMPLATE, "--max-samples", str(a.pool_size),
+           "--samples-per-prompt", str(a.group_size), "--temperature", str(ROLLOUT_TEMPERATURE),
+           "--max-len", "64", "--max-new-tokens", str(a.max_new_tokens), "--backend", "hf",
+           "--out", str(pool), "--overwrite"]
+    t0 = time.perf_counter()
+    with open(a.out_dir / "success_pool.log", "w") as out:
+        subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, check=True)
+    log(f"success: RLEP's pool from {grpo.name}'s model in {time.perf_counter() - t0:.0f} s: {pool}")
+    return pool
 
 
 def summarize(a: Args, runs: list[dict]) -> dict:

@@ -16,6 +16,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks/lab")]
 import sample_efficiency as se  # noqa: E402
 import se_analysis as sa  # noqa: E402
 import se_task as st  # noqa: E402
+from replay.pool import load_pool  # noqa: E402
 
 
 def make_run(condition, seed, accs, *, eval_every=2, reward=0.5, ppo_s=2.0, gen_s=3.0, opt_steps=2,
@@ -278,8 +279,8 @@ def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in
 
     reference = [f for f in shared(commands["none"]) if f[0] != "--actor.adam.lr"]
     assert all([f for f in shared(cmd) if f[0] != "--actor.adam.lr"] == reference for cmd in commands.values())
-    assert _flag(commands["none"], "--data.max_samples") == "160"  # 10 steps x 16 prompts per pass
-    assert _flag(commands["none"], "--train.num_episodes") == "5"  # 50 steps
+    assert _flag(commands["none"], "--data.max_samples") == "800"  # 50 steps x 16 prompts: no prompt returns
+    assert _flag(commands["none"], "--train.num_episodes") == "1"  # 50 steps, one pass
     assert _flag(commands["none"], "--train.seed") == "3" and _flag(commands["none"], "--replay.seed") == "3"
     assert {c: _flag(cmd, "--train.max_epochs") for c, cmd in commands.items() if c.startswith("none")} == \
         {"none": "1", "none_half_lr": "1", "none_2epochs": "2"}
@@ -296,6 +297,7 @@ def test_condition_flags_of_the_ablations_and_rlep():
     assert [_flag(flags[c], "--replay.alpha") for c in ("advantage", "advantage_alpha1")] == ["0.5", "1.0"]
     assert _flag(flags["success"], "--replay.mode") == "success" and _flag(flags["success"], "--replay.per_prompt") == "2"
     assert "--replay.max_age" not in flags["success"]  # RLEP keeps every success
+    assert _flag(flags["success"], "--replay.success_pool") == "/tmp/unused/data/success_pool.npz"  # offline
 
 
 def test_args_defaults_per_task_and_checks():
@@ -376,13 +378,14 @@ def test_a_tokenizer_that_merged_digits_is_refused():
 @pytest.mark.slow
 def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     out = tmp_path / "quick"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick",
-                           "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500,
+    quick = [sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick", "--out-dir", str(out),
+             "--conditions", "none,uniform,advantage,success"]
+    proc = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=1500,
                           env={**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert list(summary["conditions"]) == ["none", "uniform", "advantage"]
-    for cond in ("uniform", "advantage"):
+    assert list(summary["conditions"]) == ["none", "uniform", "advantage", "success"]
+    for cond in ("uniform", "advantage", "success"):
         assert summary["conditions"][cond]["replayed_per_step"] > 0  # replay really happened
     assert set(summary["pairs"]) == {"advantage_vs_uniform", "uniform_vs_none", "advantage_vs_none"}
     assert len(summary["conditions"]["none"]["final_acc_by_band"]) == 5
@@ -390,17 +393,23 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     # the primary metric: avg@8 at the rollout temperature, greedy beside it, in every evaluation
     assert summary["primary_metric"] == {"name": "held-out avg@8", "temperature": 1.0, "samples_per_problem": 8}
     evals = [e for r in json.load(__import__("gzip").open(out / "runs.json.gz", "rt")) for e in r["evals"]]
-    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["accuracy_greedy"] <= 1 for e in evals) and len(evals) == 9
+    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["accuracy_greedy"] <= 1 for e in evals) and len(evals) == 12
     assert any(e["accuracy"] != e["accuracy_greedy"] for e in evals)  # two measurements, not one copied
     assert "final_acc_greedy" in summary["pairs"]["advantage_vs_none"] and "grpo_gain" in summary
     assert summary["provenance"]["grader"]["math-verify"] and summary["provenance"]["git_commit"]
     for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz"):
         assert (out / name).is_file(), name
     assert "training 3 run(s) in one session" in proc.stdout
+    # RLEP's pool is decoded by GRPO seed 1's final model, after that run and before `success` trains
+    pool = out / "data" / "success_pool.npz"
+    assert "success: RLEP's pool from none_seed1's model" in proc.stdout and pool.is_file()
+    assert proc.stdout.index("RLEP's pool") > proc.stdout.index("none_seed1: trained")
+    assert proc.stdout.index("RLEP's pool") < proc.stdout.index("training 1 run(s) in one session")
+    assert load_pool(pool).successes_per_prompt()
+    assert _flag((out / "runs/success_seed1/command.sh").read_text().split(), "--replay.success_pool") == str(pool)
     # resuming redoes nothing: every run is DONE with the same command, so no session starts
     session_log = (out / "session.log").read_text()
-    again = subprocess.run([sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick",
-                            "--out-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "in one session" not in again.stdout
     assert "warm start: its evaluation read from" in again.stdout  # not measured again either
     assert (out / "session.log").read_text() == session_log
