@@ -7,9 +7,9 @@ Trains each (condition, seed) through the real pipeline (the command of
 the same prompts per step and the same steps, so the same generated rollouts, on the task of
 `se_task.py` (by default five arithmetic bands of spread difficulty, a 0.53M-parameter Qwen3
 warm-started by supervised training). Seed s of every condition has the same prompt order
-(`--train.seed s`) and the same warm start. The prompts come from a pool that is passed over
-once every `--pool-steps` steps, so a prompt returns during the run (RLEP replays only earlier
-successes of the step's own prompts). Each run saves a Hugging Face checkpoint every
+(`--train.seed s`) and the same warm start. The prompts come from a pool passed over once every
+`--pool-steps` steps (by default once in the run: no prompt returns, so `success`, RLEP, replays
+from an offline pool that GRPO seed 1's final model decoded). Each run saves a Hugging Face checkpoint every
 `--eval-every` steps; after the run, each checkpoint is graded on the held-out split with the
 evaluation harness's backend and bounded grader. `se_analysis.summarize` turns the records into
 the summary (per condition, and paired differences over seeds), the plots show held-out
