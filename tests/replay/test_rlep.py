@@ -47,12 +47,16 @@ def test_each_prompt_gets_min_of_m_and_its_successes_without_duplicates(per_prom
     assert all(seen[i] > 0 for i in of_14.tolist())
 
 
+def _three_groups(rng, prompts: list[int]):
+    """A fresh batch of three groups of 4 (ids 40, 41, 42) of these prompts, one success in each."""
+    return random_batch(rng, 3, 4, 1).replace(
+        prompt_uids=np.repeat(np.array(prompts), 4), group_ids=np.repeat(np.array([40, 41, 42]), 4),
+        rewards=np.tile(np.array([0, 1, 0, 0], np.float32), 3))
+
+
 def test_rlep_composition_is_exact_and_names_the_inert_rows_of_the_last_batch():
     rng = np.random.default_rng(2)
-    store = _store_with({7: 3, 8: 1})
-    fresh = random_batch(rng, 3, 4, 1).replace(
-        prompt_uids=np.repeat(np.array([7, 8, 9]), 4), group_ids=np.repeat(np.array([40, 41, 42]), 4),
-        rewards=np.tile(np.array([0, 1, 0, 0], np.float32), 3))
+    store, fresh = _store_with({7: 3, 8: 1}), _three_groups(rng, [7, 8, 9])
     cfg = ReplayConfig(mode="success", warmup=0, per_prompt=2)
     comp = compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng, multiple_of=8)
     assert collections.Counter(comp.replayed.prompt_uids.tolist()) == {7: 2, 8: 1}  # min(2, 3), min(2, 1)
@@ -64,10 +68,7 @@ def test_a_prompt_that_comes_in_two_groups_is_served_for_each_group():
     # RLEP's loader samples replay for each question of its batch on its own, so prompt 7 in
     # groups 40 and 42 gets min(2, 3) successes in each; prompt 8 (one success) gets 1 in group 41.
     rng = np.random.default_rng(3)
-    store = _store_with({7: 3, 8: 1})
-    fresh = random_batch(rng, 3, 4, 1).replace(
-        prompt_uids=np.repeat(np.array([7, 8, 7]), 4), group_ids=np.repeat(np.array([40, 41, 42]), 4),
-        rewards=np.tile(np.array([0, 1, 0, 0], np.float32), 3))
+    store, fresh = _store_with({7: 3, 8: 1}), _three_groups(rng, [7, 8, 7])
     cfg = ReplayConfig(mode="success", warmup=0, per_prompt=2)
     assert replay_target(cfg, len(fresh), 3) == 6  # per_prompt x groups, as the launcher counts
     comp = compose_rlep(fresh, store, sampler_from_config(cfg), cfg, 1, rng, multiple_of=8)
