@@ -297,6 +297,7 @@ def rate_histogram(problems: Sequence[Problem], rates: Sequence[float], n: int) 
 class WarmStartConfig:
     """The supervised warm start: stop at the first check whose held-out accuracy >= target."""
 
+    # One setting a line, as every config dataclass here: runs of them share a shape, not content.
     target_accuracy: float = 0.3
     max_steps: int = 4000
     batch_size: int = 64
