@@ -22,8 +22,8 @@
 #   LR       learning rate (default 5e-5)  SEED  training and held-out sampling seed (default 42)
 #   HELDOUT  held-out problems, drawn from those not trained on (default: all of them, 0, with the
 #            arithmetic problems: 146 at 4 steps; 146 with GSM8K)
-#   HELDOUT_SAMPLES  samples per held-out problem (default 1; 2 narrows the interval by a fifth for
-#            ~55 s more: benchmarks/results/quickstart_pilot.md)
+#   HELDOUT_SAMPLES  samples per held-out problem (default 1; 2 narrowed the interval from ~18 to ~16
+#            points for ~65 s more in the pilot: benchmarks/results/quickstart_pilot.md)
 #   EVAL=0   skip the evaluation (held-out and benchmarks)
 #   MAX_NEW_TOKENS (48; GSM8K: 200, 64 with tiny), TEMPERATURE (0.7), EVAL_MAX_NEW_TOKENS (128)
 #   OPENRLHF_REPLAY_CPU_DTYPE  compute dtype of training, generation and evaluation: auto (default:
