@@ -233,9 +233,10 @@ def test_summarize_end_to_end():
 
 def test_summarize_reports_the_positive_control():
     runs = [make_run("none", s, [0.2, 0.3, 0.4 + 0.01 * s]) for s in range(1, 9)]
-    runs += [make_run("none_half_lr", s, [0.2, 0.25, 0.3 + 0.005 * s]) for s in range(1, 9)]
+    runs += [make_run("none_half_prompts", s, [0.2, 0.25, 0.3 + 0.005 * s], rollouts_per_step=64)
+             for s in range(1, 9)]
     control = sa.summarize(runs)["positive_control"]
-    assert control["pair"] == "none_vs_none_half_lr" and control["n"] == 8
+    assert control["pair"] == "none_vs_none_half_prompts" and control["n"] == 8
     assert control["median"] == pytest.approx(0.1225) and control["resolved"] and control["p"] == pytest.approx(2 / 256)
     assert control["mde"] == pytest.approx(sa.minimal_detectable_effect([0.1 + 0.005 * s for s in range(1, 9)]))
 
@@ -270,23 +271,29 @@ def _flag(cmd, name):
 def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in_replay_and_epochs():
     a = se.parse_args(["--out-dir", "/tmp/unused"])
     commands = {c: se.train_command(a, c, 3, Path("m"), Path("d"), Path("r")) for c in se.CONDITIONS}
+    controls = ("--actor.adam.lr", "--rollout.batch_size", "--data.max_samples")  # what the controls change
 
     def shared(cmd):
         flags = [w for w in cmd if w.startswith("--")]
         return [(f, _flag(cmd, f)) for f in flags if not f.startswith("--replay.") and f != "--train.max_epochs"
-                and not f.startswith(("--train.colocate_all", "--vllm.enforce_eager", "--ckpt.save_hf",
-                                      "--ckpt.disable_ds"))]
+                and f not in controls and not f.startswith(("--train.colocate_all", "--vllm.enforce_eager",
+                                                            "--ckpt.save_hf", "--ckpt.disable_ds"))]
 
-    reference = [f for f in shared(commands["none"]) if f[0] != "--actor.adam.lr"]
-    assert all([f for f in shared(cmd) if f[0] != "--actor.adam.lr"] == reference for cmd in commands.values())
+    reference = shared(commands["none"])
+    assert all(shared(cmd) == reference for cmd in commands.values())
+    # the positive control takes half the prompts per step from a pool of half the size: still 50 steps, one pass
+    assert {c: (_flag(cmd, "--rollout.batch_size"), _flag(cmd, "--data.max_samples"))
+            for c, cmd in commands.items() if c.startswith("none_half")} == \
+        {"none_half_prompts": ("8", "400"), "none_half_lr": ("16", "800")}
+    assert all(_flag(cmd, "--rollout.batch_size") == "16" for c, cmd in commands.items() if c != "none_half_prompts")
     assert _flag(commands["none"], "--data.max_samples") == "800"  # 50 steps x 16 prompts: no prompt returns
     assert _flag(commands["none"], "--train.num_episodes") == "1"  # 50 steps, one pass
     assert _flag(commands["none"], "--train.seed") == "3" and _flag(commands["none"], "--replay.seed") == "3"
     assert {c: _flag(cmd, "--train.max_epochs") for c, cmd in commands.items() if c.startswith("none")} == \
-        {"none": "1", "none_half_lr": "1", "none_2epochs": "2"}
-    # the positive control differs from GRPO in its learning rate alone
+        {"none": "1", "none_half_prompts": "1", "none_half_lr": "1", "none_2epochs": "2"}
+    # the first positive control differs from GRPO in its learning rate alone
     assert {c: _flag(cmd, "--actor.adam.lr") for c, cmd in commands.items() if c.startswith("none")} == \
-        {"none": "0.0001", "none_half_lr": "5e-05", "none_2epochs": "0.0001"}
+        {"none": "0.0001", "none_half_prompts": "0.0001", "none_half_lr": "5e-05", "none_2epochs": "0.0001"}
 
 
 def test_condition_flags_of_the_ablations_and_rlep():
@@ -303,6 +310,7 @@ def test_condition_flags_of_the_ablations_and_rlep():
 def test_args_defaults_per_task_and_checks():
     full = se.parse_args(["--out-dir", "/tmp/unused"])
     assert sum(full.seeds_of(c) for c in full.condition_list) == 4 * 8 + 7 * 3
+    assert "none_half_prompts" in full.condition_list and "none_half_lr" not in full.condition_list  # runs if named
     first = se.parse_args(["--task", "add2"])
     assert (first.steps, first.pool_steps, first.heldout_size, first.condition_list) == \
         (48, 48, 200, list(se.FIRST_EDITION))
