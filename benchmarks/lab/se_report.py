@@ -37,7 +37,7 @@ def plot(runs: list[dict], summary: dict, path: Path, conditions, iqr: bool = Tr
                     ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.15)
     for col, (_, label) in enumerate(AXES):
         axes[1, col].set_xlabel(label)
-    axes[0, 0].set_ylabel(f"held-out {summary['primary_metric']['name']}")
+    axes[0, 0].set_ylabel(summary['primary_metric']['name'])
     axes[1, 0].set_ylabel(f"training reward (fresh rollouts, mean of last {REWARD_WINDOW} steps)")
     axes[0, 0].axhline(summary["match_threshold"], color="grey", ls=":", lw=1)
     axes[0, 0].legend(fontsize=8)
@@ -181,7 +181,7 @@ def _pairs_table(summary: dict) -> list[str]:
 def _warm_start_table(ws: dict, metric_name: str) -> list[str]:
     """The warm start's held-out accuracy and the histogram of the RL pool's per-prompt success."""
     n, base = ws["samples_per_prompt"], ws["heldout"]
-    out = ["", f"Warm start ({ws['supervised_steps']} supervised steps): held-out {metric_name} "
+    out = ["", f"Warm start ({ws['supervised_steps']} supervised steps): {metric_name} "
            f"{base['accuracy']:.3f} (" + ", ".join(f"{b} {v:.2f}" for b, v in base["by_band"].items())
            + f"), greedy {base['accuracy_greedy']:.3f}. Per-prompt success "
            f"rates over the {ws['pool_size']}-prompt RL pool ({n} samples each, temperature 1.0): "
