@@ -16,7 +16,7 @@ the summary (per condition, and paired differences over seeds), the plots show h
 accuracy and training reward against steps, generated rollouts and compute units (median and
 IQR over seeds).
 
-    python benchmarks/lab/sample_efficiency.py                 # 10 conditions, 8 or 3 seeds each
+    python benchmarks/lab/sample_efficiency.py                 # 11 conditions, 8 or 3 seeds each
     python benchmarks/lab/sample_efficiency.py --quick         # none, uniform, advantage x 1 seed, 10 steps
     python benchmarks/lab/sample_efficiency.py --task add2     # the first edition (two-digit addition)
     python benchmarks/lab/sample_efficiency.py --analyse-only  # re-summarise and re-plot finished runs
@@ -61,8 +61,8 @@ from replay import field_help  # noqa: E402
 from se_task import (PROMPT_TEMPLATE, TaskConfig, WarmStartConfig, evaluate_heldout,  # noqa: E402
                      rate_histogram, split_problems, success_rates, warm_start, write_prompt_file)
 
-CONDITIONS = ("none", "none_half_prompts", "none_half_lr", "none_2epochs", "uniform", "advantage", "advantage_alpha1", "advantage_tau2",
-              "advantage_tau40", "naive", "freshness", "success")
+CONDITIONS = ("none", "none_half_prompts", "none_half_lr", "none_2epochs", "uniform", "advantage", "advantage_alpha1",
+              "advantage_tau2", "advantage_tau40", "naive", "freshness", "success")
 HEADLINE = ("none", "none_half_prompts", "none_half_lr", "uniform", "advantage")
 """Conditions that get `--seeds` seeds (the paired comparisons and the positive control rest on
 them); the others get `--ablation-seeds`."""
@@ -88,7 +88,8 @@ ROLLOUT_TEMPERATURE = 1.0
 TASK_DEFAULTS = {
     # chosen in the pilot before the sweep: benchmarks/results/sample_efficiency/pilot.md
     "mixed": {"steps": 50, "pool_steps": 50, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.25,
-              "warm_eval_every": 50, "conditions": ",".join(c for c in CONDITIONS if c not in OPTIONAL), "seeds": 8, "ablation_seeds": 3},
+              "warm_eval_every": 50, "conditions": ",".join(c for c in CONDITIONS if c not in OPTIONAL), "seeds": 8,
+              "ablation_seeds": 3},
     "add2": {"steps": 48, "pool_steps": 48, "eval_every": 4, "heldout_size": 200, "target_accuracy": 0.3,
              "warm_eval_every": 10, "conditions": ",".join(FIRST_EDITION), "seeds": 3, "ablation_seeds": 3},
 }

@@ -10,10 +10,10 @@ import se_analysis
 
 REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
-COLOURS = {"none": "black", "none_half_lr": "tab:cyan", "none_half_prompts": "tab:olive", "none_2epochs": "tab:grey", "uniform": "tab:blue",
-           "advantage": "tab:red", "advantage_alpha1": "tab:purple", "advantage_tau2": "tab:pink",
-           "advantage_tau40": "tab:brown",
-           "naive": "tab:orange", "freshness": "tab:green", "success": "tab:olive"}
+COLOURS = {"none": "black", "none_half_lr": "tab:cyan", "none_half_prompts": "darkgoldenrod",
+           "none_2epochs": "tab:grey", "uniform": "tab:blue", "advantage": "tab:red", "advantage_alpha1": "tab:purple",
+           "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown", "naive": "tab:orange", "freshness": "tab:green",
+           "success": "tab:olive"}
 MAIN_PLOT = ("none", "none_2epochs", "uniform", "advantage")
 
 
@@ -108,7 +108,8 @@ def _power_lines(summary: dict) -> list[str]:
     c = summary["positive_control"]
     if c is None:
         return lines + ["Positive control: not run (its conditions are not in this sweep)."]
-    return lines + [f"Positive control {c['pair']} (its sign is known: GRPO above GRPO on half the prompts per step), final "
+    return lines + [f"Positive control {c['pair']} (its sign is known: GRPO above GRPO on half the prompts per "
+                    f"step), final "
                     f"accuracy: {c['median']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], p {c['p']:.3f}, "
                     f"{'resolved' if c['resolved'] else 'NOT resolved'} at {c['n']} seeds (MDE "
                     f"{_fmt(c['mde'], '.3f', 'n/a')})."]
