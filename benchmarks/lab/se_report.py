@@ -12,8 +12,8 @@ REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
 COLOURS = {"none": "black", "none_half_lr": "tab:cyan", "none_half_prompts": "darkgoldenrod",
            "none_2epochs": "tab:grey", "uniform": "tab:blue", "advantage": "tab:red", "advantage_alpha1": "tab:purple",
-           "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown", "naive": "tab:orange", "freshness": "tab:green",
-           "success": "tab:olive"}
+           "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown", "naive": "tab:orange",
+           "freshness": "tab:green", "success": "tab:olive"}
 MAIN_PLOT = ("none", "none_2epochs", "uniform", "advantage")
 
 
