@@ -112,12 +112,11 @@ class Args:
     """The smoke test: one seed of none, uniform, advantage, 10 steps, the pool passed twice, from a
     warm start stopped at 0.05 held-out accuracy (its own cached model)."""
     conditions: str | None = None
-    """Comma-separated conditions (default: all but none_half_lr, which runs when named; add2:
-    the first edition's six). `none` (GRPO)
-    is the baseline and must be among them."""
+    """Comma-separated conditions (default: all but none_half_lr, which runs only when named; add2:
+    the first edition's six). `none` (GRPO) is the baseline and must be among them."""
     seeds: int | None = None
-    """Seeds of none, uniform, advantage and the positive control none_half_prompts (and none_half_lr
-    when named) (default 8; add2: 3)."""
+    """Seeds of none, uniform, advantage, the positive control none_half_prompts and, when named,
+    none_half_lr (default 8; add2: 3)."""
     ablation_seeds: int | None = None
     """Seeds of every other condition (default 3)."""
     steps: int | None = None
@@ -192,8 +191,7 @@ class Args:
                              f"last step is evaluated) and of --pool-steps {self.pool_steps} (whole passes)")
         if any(self.prompts_of(c) * self.group_size % self.train_batch for c in names):
             raise SystemExit(f"fresh rollouts per step ({self.prompts_per_step} x {self.group_size}, half the prompts "
-                             f"for none_half_prompts) must be a "
-                             f"multiple of --train-batch {self.train_batch}")
+                             f"for none_half_prompts) must be a multiple of --train-batch {self.train_batch}")
         self.task_config  # checks the held-out size against the bands
 
     @property

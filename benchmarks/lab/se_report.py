@@ -37,7 +37,7 @@ def plot(runs: list[dict], summary: dict, path: Path, conditions, iqr: bool = Tr
                     ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.15)
     for col, (_, label) in enumerate(AXES):
         axes[1, col].set_xlabel(label)
-    axes[0, 0].set_ylabel(summary['primary_metric']['name'])
+    axes[0, 0].set_ylabel(summary["primary_metric"]["name"])
     axes[1, 0].set_ylabel(f"training reward (fresh rollouts, mean of last {REWARD_WINDOW} steps)")
     axes[0, 0].axhline(summary["match_threshold"], color="grey", ls=":", lw=1)
     axes[0, 0].legend(fontsize=8)
@@ -109,8 +109,8 @@ def _power_lines(summary: dict) -> list[str]:
     if c is None:
         return lines + ["Positive control: not run (its conditions are not in this sweep)."]
     return lines + [f"Positive control {c['pair']} (its sign is known: GRPO above GRPO on half the prompts per "
-                    f"step), final "
-                    f"accuracy: {c['median']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], p {c['p']:.3f}, "
+                    f"step), final accuracy: {c['median']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], "
+                    f"p {c['p']:.3f}, "
                     f"{'resolved' if c['resolved'] else 'NOT resolved'} at {c['n']} seeds (MDE "
                     f"{_fmt(c['mde'], '.3f', 'n/a')})."]
 
