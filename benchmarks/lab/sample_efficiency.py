@@ -198,9 +198,9 @@ class Args:
     def condition_list(self) -> list[str]:
         return [c.strip() for c in self.conditions.split(",") if c.strip()]
 
-    @property
-    def rollouts_per_step(self) -> int:
-        return self.prompts_per_step * self.group_size
+    def rollouts_of(self, cond: str) -> int:
+        """Fresh rollouts per step of a condition."""
+        return self.prompts_of(cond) * self.group_size
 
     @property
     def pool_size(self) -> int:
@@ -307,12 +307,13 @@ def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_di
     ]
 
 
-def step_record(status: dict, a: Args, epochs: int = 1) -> dict:
-    """The fields the analysis uses from one upstream status dict (`epochs` passes per batch).
+def step_record(status: dict, a: Args, cond: str = "none") -> dict:
+    """The fields the analysis uses from one upstream status dict of a `cond` run.
 
     `train_tokens`: response tokens entering the policy loss in the step, over all its passes
     (fresh rows' mean length x fresh rows + replayed rows' mean length x replayed rows)."""
-    fresh = status.get("rollout/num_samples", a.rollouts_per_step)
+    epochs = EPOCHS.get(cond, 1)  # passes over each batch
+    fresh = status.get("rollout/num_samples", a.rollouts_of(cond))
     replayed = status.get("replay/replayed", status.get("replay/replayed_rollouts", 0.0)) or 0.0
     fresh_len = status.get("response_length", status["rollout/response_length_mean"])
     replay_len = status.get("replay/response_length_replay", fresh_len)
@@ -363,7 +364,8 @@ def train_in_session(a: Args, jobs: list[tuple[str, int, list[str]]], log) -> tu
     spec = a.out_dir / "session_jobs.json"
     spec.write_text(json.dumps([{"name": f"{c}_seed{s}", "command": cmd, "out": str(run_dir_of(a, c, s)),
                                  "timeout_s": a.run_timeout_s} for c, s, cmd in jobs], indent=1))
-    log(f"training {len(jobs)} run(s) in one session ({a.steps} steps x {a.rollouts_per_step} rollouts each); "
+    log(f"training {len(jobs)} run(s) in one session ({a.steps} steps x "
+        f"{'/'.join(sorted({str(a.rollouts_of(c)) for c, _, _ in jobs}))} rollouts); "
         f"log: {a.out_dir / 'session.log'}")
     with open(a.out_dir / "session.log", "a") as out:
         try:
@@ -393,12 +395,12 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
         evals.append({"step": step, **eval_record(evaluate_heldout(ckpt, heldout, **eval_settings(a)))})
         shutil.rmtree(ckpt)  # graded; the weights are not needed again (the final model stays in model/)
     wall_s = trained["wall_s"]
-    record = {"condition": cond, "seed": seed, "rollouts_per_step": a.prompts_of(cond) * a.group_size,
+    record = {"condition": cond, "seed": seed, "rollouts_per_step": a.rollouts_of(cond),
               "wall_s": wall_s, "eval_s": time.perf_counter() - t1,
               "startup_s": wall_s - sum(s["timing/step_total"] for s in statuses),
               "session_startup_s": trained["session_startup_s"],
               "load_avg_1min_start_end": trained["load_avg_1min_start_end"],
-              "steps": [step_record(s, a, EPOCHS.get(cond, 1)) for s in statuses], "evals": evals}
+              "steps": [step_record(s, a, cond) for s in statuses], "evals": evals}
     (run_dir / "run.json").write_text(json.dumps(record, indent=1))
     (run_dir / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     replayed = sum(s["replayed_rollouts"] for s in record["steps"])

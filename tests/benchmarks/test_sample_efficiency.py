@@ -257,11 +257,15 @@ def test_step_record_counts_updates_and_trained_tokens():
     a = se.parse_args(["--out-dir", "/tmp/unused"])
     grpo = se.step_record(STATUS, a)
     assert grpo["optimizer_steps"] == 2 and grpo["train_tokens"] == 128 * 7.0
-    twice = se.step_record(STATUS, a, se.EPOCHS["none_2epochs"])
+    twice = se.step_record(STATUS, a, "none_2epochs")
     assert twice["optimizer_steps"] == 4 and twice["train_tokens"] == 2 * 128 * 7.0
     replay = se.step_record({**STATUS, "response_length": 7.0, "replay/replayed": 64.0,
                              "replay/response_length_replay": 9.0}, a)
     assert replay["optimizer_steps"] == 3 and replay["train_tokens"] == 128 * 7.0 + 64 * 9.0
+    # without upstream's sample count, a run counts its own condition's rollouts (the control takes half)
+    bare = {k: v for k, v in STATUS.items() if k != "rollout/num_samples"}
+    assert se.step_record(bare, a, "none_half_prompts")["fresh_rollouts"] == 64
+    assert se.step_record(bare, a)["fresh_rollouts"] == 128
 
 
 def _flag(cmd, name):
