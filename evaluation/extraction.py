@@ -18,6 +18,10 @@
 - a number glued to a non-ASCII letter ("比例为13/28") is set apart by a space, and the word
   "answer" in a few other languages ("Réponse:", "答案") becomes "Answer", so that math-verify's
   number reading and its "answer" anchor work as they do in English.
+- a plain-text expression with a variable ("2x", "3y+1", "y = 3x + 1") that is the final answer,
+  being the last line or what follows "answer is"/"answer:" to the end of its line or sentence,
+  goes into `$...$`: math-verify's plain-text reading takes only numbers and read "2x" as 2 (so
+  "2x" matched a gold of 2, and not one of 2x), while its LaTeX reading takes the expression whole.
 
 `is_balanced` tells a cut extraction (unbalanced braces), which is never compared.
 `looks_plain` sorts out samples that are cheap to grade (for scheduling only).
@@ -50,6 +54,13 @@ _GLUED = re.compile(r"(?<=[^\x00-\x7f])(?=[\d$])")
 # The word "answer" in other languages, so math-verify's "answer" anchor finds the final answer.
 _ANSWER_WORDS = re.compile(
     r"(?i)\b(?:réponse|respuesta|risposta|resposta|antwort|ответ|jawaban)\b|答案|الإجابة|उत्तर")
+# What a plain-text expression is made of (ASCII digits and letters, operators, spaces); the rest
+# of the test is in _plain_expression.
+_EXPR_CHARS = re.compile(r"[0-9A-Za-z.+\-*/^()= ]+")
+# The text after an "answer is" / "answer:" (or "**Answer:**") anchor, up to the end of its line
+# or sentence.
+_AFTER_ANSWER = re.compile(
+    r"(?im)(\banswer(?:\s+is)?\s*(?::(?:\*\*)?)?[ \t]*)([^\n]*?)(?=\.?[ \t]*$|\.\s)")
 _PLAIN_NUMBER = re.compile(r"\s*\$?\s*[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)\s*\$?\s*(?:\\?%)?\s*\.?\s*")
 
 
@@ -71,7 +82,34 @@ def prepare_response(response: str) -> str:
     text = _BRACKETED.sub(r"\1", _tidy_boxes(response))
     text = _EULER.sub("e", _MIXED.sub(_mixed_number, text))
     text = _GLUED.sub(" ", _SIZING.sub("", text))
-    return _ANSWER_WORDS.sub("Answer", text)
+    return _math_delimited(_ANSWER_WORDS.sub("Answer", text))
+
+
+def _plain_expression(text: str) -> bool:
+    """Whether `text` is a plain-text expression with a variable, such as "2x", "3y+1",
+    "y = 3x + 1": only digits, single letters, operators and spaces; a letter, and a digit or an
+    operator. Not a word ("5 apples"), nor a unit after a spaced number ("5 m", read as 5 before),
+    nor a lone letter ("C", a choice)."""
+    return bool(_EXPR_CHARS.fullmatch(text) and re.search(r"[A-Za-z]", text)
+                and re.search(r"[\d+\-*/^=]", text)
+                and not re.search(r"[A-Za-z]{2}|\d\s+[A-Za-z]", text))
+
+
+def _delimited(span: str) -> str | None:
+    """`span` with the plain-text expression in it put in `$...$`, a sentence's period left
+    outside and markdown bold ("**2x**") dropped (math-verify's "final answer is" anchor takes
+    `$...$` only right after "is"); None when `span` holds no such expression alone."""
+    parts = re.fullmatch(r"(\s*)(?:\*\*)?(.*?)(?:\*\*)?(\s*\.?\s*)", span, re.DOTALL)
+    return f"{parts[1]}${parts[2]}${parts[3]}" if _plain_expression(parts[2]) else None
+
+
+def _math_delimited(text: str) -> str:
+    """`text` with a plain-text final-answer expression put in `$...$` (module docstring): the
+    expression after an "answer" anchor, and the last line when it is one."""
+    text = _AFTER_ANSWER.sub(lambda m: m[1] + (_delimited(m[2]) or m[2]), text)
+    head, newline, last = text.rstrip().rpartition("\n")
+    last = _delimited(last)
+    return text if last is None else head + newline + last
 
 
 def _closing_brace(text: str, start: int) -> int | None:

@@ -6,7 +6,8 @@ main thread); `evaluation.grader` runs it in worker processes within a time limi
 Answer extraction (`extract_answer`): math-verify's own extraction over the whole response, after
 `evaluation.extraction.prepare_response` has tidied it: boxes before the final run of boxes are
 unboxed (the final box wins; several boxes joined by commas or "and" are one answer, graded as
-math-verify grades them), empty boxes removed, mixed numbers ("4 4/9") made one fraction, and a few
+math-verify grades them), empty boxes removed, mixed numbers ("4 4/9") made one fraction, a plain-
+text final-answer expression ("The answer is 2x") put in `$...$` so it is read whole, and a few
 notations math-verify misreads rewritten (e-notation, `\\mathrm{e}`, `\\bigl(`, "[90]"). An
 extraction with unbalanced braces (cut inside an expression) is never compared; when math-verify
 finds nothing usable, the last complete box is parsed alone. The gold is wrapped in `$...$`.

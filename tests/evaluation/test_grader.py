@@ -147,6 +147,22 @@ CASES = [
     Case("equation_rhs", r"\boxed{x = 3}", "3", C, "'x =' before the value is accepted"),
     Case("equation_expression_lhs", r"\boxed{m+n=7}", "7", C,
          "math-verify: the right-hand side of the last equation is compared"),
+    # -- plain-text expressions (issue #35): math-verify alone reads "2x" as its first number, 2
+    Case("plain_expression_alone", "2x", "2x", C, "a lone plain-text expression is taken whole"),
+    Case("plain_expression_after_answer_is", "The answer is 2x", "2x", C,
+         "the expression after 'answer is' is taken whole"),
+    Case("plain_expression_sum", "3y+1", "3y+1", C, "...with operators too"),
+    Case("plain_equation_last_line", "We solve 2x + 3 = 7.\ny = 3x + 1", "3x+1", C,
+         "a last-line equation is the answer (its right-hand side), not the intermediate one"),
+    Case("plain_expression_bold", "**Answer:** **2x**.", "2x", C, "markdown bold is not part of it"),
+    Case("plain_expression_not_its_number", "The answer is 2x", "2", I,
+         "2x is not 2 (read as its first number, it was correct)"),
+    Case("plain_expression_differs", "3y+1", "3y+2", I, "a different expression is wrong"),
+    Case("plain_variable_label", "x = 2", "2", C, "'x =' before the value is accepted"),
+    Case("plain_sentence_number", "so we get 5 apples", "5", C,
+         "words are not an expression: the number is read as before"),
+    Case("plain_spaced_unit", "The answer is 5 m", "5", C,
+         "a letter after a spaced number is a unit, not a product (5m)"),
     # -- text and multiple choice
     Case("text_answer", r"\boxed{\text{Evelyn}}", r"\text{Evelyn}", C, "names compare as text"),
     Case("text_answer_wrong", r"\boxed{\text{Monday}}", r"\text{Tuesday}", I, "different text"),
@@ -219,6 +235,11 @@ def test_prepare_response_and_balance():
     assert prepare_response("-1 000 1/2 and 11/10 4/9") == r"$-\frac{2001}{2}$ and 11/10 4/9"
     assert prepare_response("$x = 2 1/2$ or 4 4/0") == r"$x = \frac{5}{2}$ or undefined"
     assert prepare_response(r"\[ 9 \] [1, 2] [ 7 ]") == r"\[ 9 \] [1, 2] 7"
+    # A plain-text final answer expression goes into $...$ (bold and a final period outside it);
+    # a sentence, a choice letter and an expression before the last line do not.
+    assert prepare_response("The answer is **2x**.\n") == "The answer is $2x$.\n"
+    assert prepare_response("Answer: C") == "Answer: C"
+    assert prepare_response("2x + 3 = 7, so\nx = 2.") == "2x + 3 = 7, so\n$x = 2$."
     assert is_balanced(r"\frac{1}{2} \{1\}") and not is_balanced(r"1 + \frac{1}{")
     assert not is_balanced("}{")
 
