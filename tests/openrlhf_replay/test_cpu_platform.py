@@ -146,26 +146,29 @@ def test_every_process_computes_in_the_one_chosen_dtype(dtype, torch_dtype):
     assert f"cpu platform: model weights in {torch_dtype}" in proc.stdout
 
 
-def test_vllm_engines_are_created_with_the_chosen_dtype():
+def test_vllm_engines_are_created_with_the_chosen_dtype_and_whole_prompt_prefill():
     """Upstream's `create_vllm_engines` passes dtype="bfloat16"; the platform's stand-in for its actor
-    class replaces it, through a real Ray actor class's `options(...).remote(...)`."""
+    class replaces it and adds the CPU engine arguments the harness uses too, through a real Ray
+    actor class's `options(...).remote(...)`."""
     import ray
 
-    from openrlhf_replay.cpu.patches import EngineWithDtype
+    from openrlhf_replay.cpu.patches import CpuEngine
 
     @ray.remote(num_cpus=0)
     class Engine:
         def __init__(self, **kwargs):
             self.kwargs = kwargs
 
-        def dtype(self):
-            return self.kwargs["dtype"]
+        def get(self):
+            return self.kwargs
 
     ray.init(num_cpus=1, include_dashboard=False, address="local")
     try:
-        engine = EngineWithDtype(Engine, "float32").options(name="engine-dtype-test").remote(
+        engine = CpuEngine(Engine, "float32").options(name="engine-dtype-test").remote(
             model="m", dtype="bfloat16", seed=1)
-        assert ray.get(engine.dtype.remote()) == "float32"
+        kwargs = ray.get(engine.get.remote())
+        assert kwargs["dtype"] == "float32" and kwargs["seed"] == 1
+        assert kwargs["enable_chunked_prefill"] is False
     finally:
         ray.shutdown()
 
