@@ -1,7 +1,8 @@
 """`python -m evaluation compare`: finished runs against a baseline, with their uncertainty.
 
 `load_run` reads a run directory (summary.json and the samples it summarises, read-only);
-`build` computes everything the report shows; `write` renders it into the output directory:
+`build` computes everything the report shows; `evaluation.comparison_files.write` puts it in the
+output directory:
 - compare.md: a warning first when the runs differ in more than the model; the table (accuracy
   per benchmark, average, mean tokens, AES, each with its 95% CI); each run's paired difference
   from the baseline with its test and the problems that flipped; across-seed spread for runs
@@ -21,7 +22,6 @@ from pathlib import Path
 from evaluation import analysis, provenance, report
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
 from evaluation.breakdown import PER_BENCHMARK, breakdown_tables
-from evaluation.comparison_csv import paired_rows, write_csvs
 from evaluation.store import SampleStore
 from infra.errors import UserError
 
@@ -164,6 +164,16 @@ def _warnings(runs: list[RunData], paired: dict[str, analysis.PairedComparison])
 
 
 # ---- rendering --------------------------------------------------------------------------------
+
+def paired_rows(c: Comparison) -> list[tuple[str, analysis.PairedDifference]]:
+    """(run label, difference) for every benchmark and the average of each paired comparison."""
+    out = []
+    for label, p in c.paired.items():
+        out += [(label, d) for d in p.per_benchmark.values()]
+        if p.average is not None:
+            out.append((label, p.average))
+    return out
+
 
 def _signed(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}"
@@ -353,35 +363,3 @@ def _provenance_markdown(c: Comparison) -> list[str]:
                  [[k, *(cell.get(k, "-") for cell in cells)] for k in keys])
     return md + ["", "Hashes are sha256 prefixes (model: over its files' hashes); full records "
                  "in compare_provenance.json and each run's run_config.json.", ""]
-
-
-def write(out_dir: Path, c: Comparison) -> None:
-    """compare.md, the CSVs, compare_provenance.json and the plots."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.md").write_text(markdown(c), encoding="utf-8")
-    write_csvs(out_dir, c)
-    (out_dir / "compare_provenance.json").write_text(json.dumps(
-        {"runs": {r.label: {"provenance": r.provenance, "provenance_changes": r.provenance_changes}
-                  for r in c.runs},
-         "differences_from_baseline": {r.label: provenance.differences(c.runs[0].settings,
-                                                                       r.settings)
-                                       for r in c.runs[1:]},
-         "warnings": c.warnings}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    groups = c.columns + [c.avg_name]
-    keys = c.columns + ["avg"]
-    report.bars(out_dir / "compare_accuracy.png", "accuracy (%) with 95% CI", groups,
-                {r["run"]: [None if r[k] is None else 100 * r[k] for k in keys] for r in c.rows},
-                {r["run"]: [None if r["ci"].get(k) is None else
-                            tuple(100 * v for v in r["ci"][k]) for k in keys] for r in c.rows})
-    report.bars(out_dir / "compare_tokens.png", "mean response tokens", groups,
-                {r["run"]: [r["tokens_by_benchmark"].get(b) for b in c.columns] + [r["tokens"]]
-                 for r in c.rows})
-    if c.paired:
-        def diffs(p: analysis.PairedComparison) -> list:
-            return [p.per_benchmark.get(b) for b in c.columns] + [p.average]
-        report.bars(out_dir / "compare_paired.png",
-                    f"difference from {c.rows[0]['run']} (points) with 95% CI", groups,
-                    {label: [None if d is None else 100 * d.diff for d in diffs(p)]
-                     for label, p in c.paired.items()},
-                    {label: [None if d is None else (100 * d.ci[0], 100 * d.ci[1])
-                             for d in diffs(p)] for label, p in c.paired.items()})

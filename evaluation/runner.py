@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from evaluation import analysis, benchmarks, breakdown, comparison, provenance, report
+from evaluation import analysis, benchmarks, breakdown, comparison, comparison_files, provenance, report
 from evaluation.generation import BACKENDS, derive_seed, estimate_kv_cache_gib, make_backend
 from evaluation.grader import Grader
 from evaluation.grader_worker import GraderStartupError
@@ -384,7 +384,7 @@ def compare(baseline: str, runs: list[str], output: str | Path) -> comparison.Co
     """Write compare.md, the CSVs and plots for `runs` against `baseline` (see `comparison`)."""
     loaded = [comparison.load_run(d, load_summary(d)) for d in [baseline, *runs]]
     result = comparison.build(loaded)
-    comparison.write(Path(output), result)
+    comparison_files.write(Path(output), result)
     for warning in result.warnings:
         logger.warning("%s", warning)
     logger.info("comparison of %d runs written to %s", len(loaded), output)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from evaluation import cli, comparison, report
+from evaluation import cli, comparison, comparison_files, report
 from evaluation.benchmarks import DEFAULT_BENCHMARKS
 from evaluation.metrics import aes, summarize
 from infra.errors import UserError
@@ -61,7 +61,7 @@ def test_comparison_files(tmp_path):
     base = make_run("base", {"math500": [1, 0], "gsm8k": [2, 2]}, tokens=10)
     other = make_run("other", {"math500": [2, 2], "gsm8k": [0, 0], "aime24": [1, 1]}, tokens=20)
     result = comparison.build([base, other])
-    comparison.write(tmp_path, result)
+    comparison_files.write(tmp_path, result)
     md = (tmp_path / "compare.md").read_text()
     assert "| run | math500 | aime24 | gsm8k | avg(1) | tokens | AES |" in md
     assert "| base | 25.0 [0.0, 75.0] | - | 100.0 [100.0, 100.0] | 25.0 [0.0, 75.0] | 10.5 |" in md
@@ -91,7 +91,7 @@ def test_comparison_across_seeds(tmp_path):
     assert [g.condition for g in result.groups] == ["grpo", "replay"]
     test = result.seed_tests["replay"]["avg"]
     assert (test["positive"], test["negative"], test["p_value"]) == (3, 0, 0.25)
-    comparison.write(tmp_path, result)
+    comparison_files.write(tmp_path, result)
     md = (tmp_path / "compare.md").read_text()
     assert "## Across seeds" in md
     assert "| replay | avg | 3 | +16.7 | 3 / 0 | 0.25 | no | 0.25 |" in md

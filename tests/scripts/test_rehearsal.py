@@ -204,14 +204,14 @@ def test_compare_puts_each_runs_optimizer_steps_beside_its_results(subset_runs, 
     rehearsal (`<run>.json`, as the scripts write them) beside it."""
     import csv
 
-    from evaluation import comparison
+    from evaluation import comparison, comparison_files
     from openrlhf_replay.rehearsal.report import main
 
     labels = {"grpo_seed42": "train_grpo", "Qwen3-1.7B-Base": None, "grpo_replay_seed42": "train_grpo_replay",
               "grpo_success_replay_seed42": "train_grpo_success_replay", "grpo_uniform_replay_seed42": None}
     runs = [_finished_eval(label, [(i * (k + 1)) % 3 == 0 for i in range(12)]) for k, label in enumerate(labels)]
     out, rehearsals = tmp_path / "compare", tmp_path / "rehearsal"
-    comparison.write(out, comparison.build(runs))
+    comparison_files.write(out, comparison.build(runs))
     rehearsals.mkdir()
     for label, script in labels.items():
         if script:

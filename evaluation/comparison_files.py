@@ -1,25 +1,13 @@
-"""The CSV files of `python -m evaluation compare` (see `evaluation.comparison`, which builds the
-`Comparison` they are written from and renders compare.md)."""
+"""The files of `python -m evaluation compare`: compare.md (rendered by `evaluation.comparison`,
+which builds the `Comparison`), the CSVs, compare_provenance.json and the plots."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from evaluation import analysis, report
-
-if TYPE_CHECKING:  # a type only: comparison imports this module
-    from evaluation.comparison import Comparison
-
-
-def paired_rows(c: Comparison) -> list[tuple[str, analysis.PairedDifference]]:
-    """(run label, difference) for every benchmark and the average of each paired comparison."""
-    out = []
-    for label, p in c.paired.items():
-        out += [(label, d) for d in p.per_benchmark.values()]
-        if p.average is not None:
-            out.append((label, p.average))
-    return out
+from evaluation import analysis, provenance, report
+from evaluation.comparison import Comparison, markdown, paired_rows
 
 
 def _round(value: float | None, scale: float = 100, digits: int = 3):
@@ -77,3 +65,35 @@ def write_csvs(out_dir: Path, c: Comparison) -> None:
                                      *(_round(v) for v in (s["ci"] or (None, None))),
                                      _round(t["median_diff"]) if t else "",
                                      f"{t['p_value']:.6g}" if t else ""])
+
+
+def write(out_dir: Path, c: Comparison) -> None:
+    """compare.md, the CSVs, compare_provenance.json and the plots."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.md").write_text(markdown(c), encoding="utf-8")
+    write_csvs(out_dir, c)
+    (out_dir / "compare_provenance.json").write_text(json.dumps(
+        {"runs": {r.label: {"provenance": r.provenance, "provenance_changes": r.provenance_changes}
+                  for r in c.runs},
+         "differences_from_baseline": {r.label: provenance.differences(c.runs[0].settings,
+                                                                       r.settings)
+                                       for r in c.runs[1:]},
+         "warnings": c.warnings}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    groups = c.columns + [c.avg_name]
+    keys = c.columns + ["avg"]
+    report.bars(out_dir / "compare_accuracy.png", "accuracy (%) with 95% CI", groups,
+                {r["run"]: [None if r[k] is None else 100 * r[k] for k in keys] for r in c.rows},
+                {r["run"]: [None if r["ci"].get(k) is None else
+                            tuple(100 * v for v in r["ci"][k]) for k in keys] for r in c.rows})
+    report.bars(out_dir / "compare_tokens.png", "mean response tokens", groups,
+                {r["run"]: [r["tokens_by_benchmark"].get(b) for b in c.columns] + [r["tokens"]]
+                 for r in c.rows})
+    if c.paired:
+        def diffs(p: analysis.PairedComparison) -> list:
+            return [p.per_benchmark.get(b) for b in c.columns] + [p.average]
+        report.bars(out_dir / "compare_paired.png",
+                    f"difference from {c.rows[0]['run']} (points) with 95% CI", groups,
+                    {label: [None if d is None else 100 * d.diff for d in diffs(p)]
+                     for label, p in c.paired.items()},
+                    {label: [None if d is None else (100 * d.ci[0], 100 * d.ci[1])
+                             for d in diffs(p)] for label, p in c.paired.items()})
