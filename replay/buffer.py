@@ -82,9 +82,10 @@ class ReplayBuffer:
     """Store + sampler + composer for one run, with its own random generator."""
 
     def __init__(self, config: ReplayConfig) -> None:
-        if config.mode == "freshness" and config.beta_steps is None:
-            raise ValueError("replay.beta_steps is unset: the freshness importance weights anneal over it; set it to "
-                             "the run's length in steps (config.for_run(steps))")
+        if config.mode == "freshness" and config.beta_steps is None and config.beta_start != config.beta_end:
+            raise ValueError(f"replay.beta_steps is unset: the freshness importance weights anneal over it from "
+                             f"beta_start {config.beta_start} to beta_end {config.beta_end}; set it to the run's length "
+                             "in steps (config.for_run(steps)), or beta_end to beta_start for a fixed beta")
         self.config = config
         self.store = self._new_store(config)
         self.pool: SuccessPool | None = None

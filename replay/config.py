@@ -82,13 +82,15 @@ class ReplayConfig:
     """FreshPER's age decay in steps: a stored priority times exp(-age / tau), before the
     exponent."""
     beta_start: float = 0.4
-    """Freshness importance-weight exponent at step 0."""
-    beta_end: float = 1.0
-    """Freshness importance-weight exponent after beta_steps."""
+    """Freshness importance-weight exponent at step 0 (0.4: FreshPER's reference code, which keeps
+    it fixed)."""
+    beta_end: float = 0.4
+    """Freshness importance-weight exponent after beta_steps. Equal to beta_start (the default),
+    beta is fixed, as FreshPER's reference runs it; 1.0 anneals it as PER prescribes."""
     beta_steps: Optional[int] = None
     """Steps over which beta moves linearly from beta_start to beta_end. Unset: the run's length,
     so beta reaches beta_end at its last step (the integration sets it from the number of rollout
-    steps; with the core alone, set it)."""
+    steps; with the core alone, set it when beta anneals)."""
     per_prompt: int = 2
     """RLEP: M, the most successes replayed per fresh prompt: each prompt of the step gets
     min(M, its stored successes), drawn without replacement, and its group grows from G to up

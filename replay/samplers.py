@@ -83,8 +83,11 @@ def effective_sample_size(p: np.ndarray) -> float:
     return s * s / float(np.square(p).sum()) if s > 0 else 0.0
 
 
-def beta_schedule(step: int, start: float, end: float, steps: int) -> float:
-    """Importance-weight exponent: linear from `start` at step 0 to `end` at `steps`, then flat."""
+def beta_schedule(step: int, start: float, end: float, steps: int | None) -> float:
+    """Importance-weight exponent: linear from `start` at step 0 to `end` at `steps`, then flat;
+    `start` throughout when the two are equal (`steps` may then be unset)."""
+    if start == end:
+        return start
     frac = 1.0 if steps == 0 else min(1.0, max(0.0, step / steps))
     return start + (end - start) * frac
 

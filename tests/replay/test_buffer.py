@@ -61,16 +61,27 @@ def test_metrics_are_flat_replay_keys_with_counters():
 
 
 def test_freshness_metrics_include_importance_weights():
-    buf = ReplayBuffer(ReplayConfig(mode="freshness", warmup=0, seed=3, beta_steps=20))
+    buf = ReplayBuffer(ReplayConfig(mode="freshness", warmup=0, seed=3, beta_end=1.0, beta_steps=20))
     _run(buf, 3)
     m = buf.metrics()
     assert 0 < m["replay/is_weight_mean"] <= m["replay/is_weight_max"] <= 1.0
     assert m["replay/is_beta"] == pytest.approx(0.4 + 0.6 * 2 / 20)  # linear in the step, 1.0 at step 20
 
 
+def test_freshness_beta_is_fixed_at_its_references_value_by_default():
+    """FreshPER's reference computes its weights with a fixed beta of 0.4: the weight of a replayed
+    rollout does not fall over the run (annealed to 1, a success's fell ~160-fold, docs/METHOD.md)."""
+    buf = ReplayBuffer(ReplayConfig(mode="freshness", warmup=0, seed=3))  # no run length needed
+    betas = []
+    for comp in _run(buf, 6):
+        assert len(comp.replayed) or not betas  # every step after the first replays
+        betas.append(buf.metrics()["replay/is_beta"])
+    assert betas[1:] == [pytest.approx(0.4)] * 5
+
+
 def test_freshness_anneals_over_the_run_it_is_given():
     with pytest.raises(ValueError, match="replay.beta_steps is unset"):
-        ReplayBuffer(ReplayConfig(mode="freshness"))
+        ReplayBuffer(ReplayConfig(mode="freshness", beta_end=1.0))
     config = ReplayConfig(mode="freshness")
     assert config.for_run(236).beta_steps == 236
     assert ReplayConfig(mode="freshness", beta_steps=50).for_run(236).beta_steps == 50  # the user's value stays

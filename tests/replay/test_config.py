@@ -12,7 +12,7 @@ def test_defaults_match_method_md():
     c = ReplayConfig()
     assert (c.mode, c.ratio, c.warmup, c.capacity, c.eps, c.replacement, c.tau) == ("none", 0.5, 20, 30000, 1e-6,
                                                                                      False, 500.0)
-    assert (c.beta_start, c.beta_end, c.effective_off_policy, c.per_prompt) == (0.4, 1.0, "stale", 2)
+    assert (c.beta_start, c.beta_end, c.effective_off_policy, c.per_prompt) == (0.4, 0.4, "stale", 2)
     assert c.off_policy is None and c.success_pool is None  # unset: resolved per mode
     assert not c.enabled and c.sampler_name is None and c.store_filter is None
 

@@ -152,7 +152,7 @@ def test_freshness_sampler_frequencies_and_weights():
     stored = np.array([1.0, 1.0, 1.0, 0.2, 1e-6])
     newest = versions == 119
     view = view_of(np.zeros(5, np.float32), versions=versions, priorities=stored, newest=newest, max_priority=1.5)
-    sampler = sampler_from_config(ReplayConfig(mode="freshness", tau=50.0, beta_steps=1000))
+    sampler = sampler_from_config(ReplayConfig(mode="freshness", tau=50.0, beta_end=1.0, beta_steps=1000))
     d = sampler(view, 40_000, 120, rng)
     p = np.where(newest, 1.5, stored * np.exp(-(120 - versions) / 50.0)) ** 0.6
     counts = np.bincount(d.indices, minlength=5)
