@@ -40,9 +40,6 @@ from replay.pool import SuccessPoolError, load_pool
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
 UNSUPPORTED_ESTIMATORS = ("gae",)  # critic-based: a stored advantage would need the critic of its time
 RLEP_ESTIMATORS = ("group_norm", "dr_grpo")  # RLEP recomputes these over the enlarged group
-# Schedules that stay constant after their warm-up: the optimizer steps replay adds run past the
-# end of a schedule sized from the fresh batches, which only these survive unchanged.
-CONSTANT_SCHEDULES = ("constant", "constant_with_warmup")
 
 
 ENVIRONMENT_HELP = """environment (read by this launcher, not by upstream's):
@@ -107,7 +104,8 @@ def replay_arg_errors(args) -> list[str]:
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
     """Upstream training features replay cannot run with (a critic, KL, dynamic or async batches,
-    a decaying LR schedule, refresh without upstream's clipped IS correction)."""
+    refresh without upstream's clipped IS correction). Any LR schedule runs: the actor paces it by
+    rollout steps (`openrlhf_replay/trainer/lr_schedule.py`)."""
     errors = []
     estimator = args.algo.advantage.estimator
     if estimator in UNSUPPORTED_ESTIMATORS:
@@ -136,11 +134,6 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
                       "token --algo.advantage.is_correction_mode clip --algo.advantage.is_correction_gating ratio "
                       f"(got {correction.is_correction_level} / {correction.is_correction_mode} / "
                       f"{correction.is_correction_gating}: mask drops tokens instead of truncating their weight)")
-    if args.actor.lr_scheduler not in CONSTANT_SCHEDULES:
-        errors.append(f"--actor.lr_scheduler {args.actor.lr_scheduler}: the LR schedule is sized from the fresh batches, "
-                      "so every condition warms up over the same rollout steps; the optimizer steps replay adds "
-                      "would run past the end of a decaying schedule. Use constant_with_warmup (docs/METHOD.md: constant "
-                      "after the warm-up)")
     return errors
 
 

@@ -11,7 +11,8 @@ makes (as `validate` does); the controller class the launcher would start (upstr
 through upstream's dataset, dataloader, batching (`SamplesGenerator.generate_samples`) and
 episode boundaries; upstream's experience maker (micro-batches, the forward dispatch, group
 advantages); the replay buffer's evict / draw / store, the conversions to and from `Experience`,
-the arrangement for ranks, RLEP regrouping; `get_max_steps` and the LR scheduler it sizes;
+the arrangement for ranks, RLEP regrouping; `get_max_steps` and the LR scheduler it sizes (paced by
+rollout steps with replay on, as the policy actor paces it);
 checkpoints (the replay buffer saved, read back and compared, and one resume of the whole
 controller from a checkpoint); upstream's chunking of every batch over the data-parallel ranks
 (`RayActorGroup.async_run_method_batch`, and each rank's `execute_batch`). The ranks live in
@@ -40,6 +41,7 @@ rollouts per step (their spread, the share of steps that replay, a histogram, an
 counts step by step beside the candidates each draw had), the handling of replayed rows' pi_old
 (`off_policy`: stale, refresh or recompute, as the run resolves it), optimizer steps per rollout
 step (mean and spread) and per rank, micro-batches per rank, the LR schedule and its warm-up in
-optimizer and rollout steps, replay ages, the stand-ins' settings, the crash if any. Exit status
+optimizer and rollout steps, where the schedule stands after the run and the position and LR the
+last optimizer step ran at, replay ages, the stand-ins' settings, the crash if any. Exit status
 0 when the run completed without a crash, 1 otherwise.
 """

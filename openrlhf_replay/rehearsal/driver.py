@@ -262,6 +262,10 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     trainer = _build(cls, copy.deepcopy(args), tokenizer_dir, ranks, settings, rng, record, shadows)
     max_steps = trainer.get_max_steps()
     ranks[0].scheduler = _scheduler(args, max_steps)
+    if replay.enabled:  # as the replay policy actor does
+        from openrlhf_replay.trainer.lr_schedule import pace_by_rollout_steps
+
+        pace_by_rollout_steps(ranks[0].scheduler)
     steps_per_episode = math.ceil(len(trainer.prompts_dataloader) / args.rollout.batch_size)
     log(f"rehearse: {cls.__name__.lstrip('_')}, {len(trainer.prompts_dataloader)} prompts = {steps_per_episode} steps "
         f"per episode x {args.train.num_episodes}; {world} ranks, accumulation {accumulation}; resume at step "
@@ -280,6 +284,11 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     if record.crash is None:
         record.crash_step = None
     report = _report(args, replay, record, ranks, max_steps, steps_per_episode, time.monotonic() - t0)
+    last = report["lr_last_optimizer_step"]
+    if last:
+        log(f"rehearse: LR schedule of {max_steps} optimizer steps ({args.actor.lr_scheduler}); the last optimizer "
+            f"step ran at position {last['position']:.4g}, LR {last['lr']:.4g}; the run ends at position "
+            f"{report['lr_schedule_position_at_end']:.4g}")
     # The handling the run resolves for replayed rows (the trainer's own config, after its defaults).
     report["off_policy"] = off_policy(getattr(trainer, "replay_config", replay))
     report["settings"] = {k: v for k, v in dataclasses.asdict(settings).items() if k != "shape"}
@@ -331,7 +340,8 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
     cumulative = list(_accumulate(ranks[0].steps[i]["optimizer_steps"] for i in range(len(ranks[0].steps)))) \
         if ranks else []
     warmup_opt = _warmup_steps(args, max_steps)
-    warmup_rollout = next((i + 1 for i, c in enumerate(cumulative) if c >= warmup_opt), None)
+    positions, lrs = (ranks[0].lr_positions, ranks[0].lrs) if ranks else ([], [])
+    warmup_rollout = next((i + 1 for i, p in enumerate(positions) if p >= warmup_opt), None)
     ages = [s["age_max"] for s in after_warmup if s["replayed"]]
     return {
         "steps_expected": steps_per_episode * args.train.num_episodes,
@@ -355,7 +365,11 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
         "lr_warmup_optimizer_steps": warmup_opt,
         "lr_warmup_rollout_steps": warmup_rollout,
         "optimizer_steps_taken": cumulative[-1] if cumulative else 0,
-        "lr_after_warmup": spread(ranks[0].lrs[warmup_opt:]) if ranks else None,
+        "lr_after_warmup": spread([lr for p, lr in lrs if p >= warmup_opt]) if ranks else None,
+        # Where the schedule stands after the run (its end: lr_schedule_optimizer_steps), and the LR
+        # and position the last optimizer step ran at (within one step of the end).
+        "lr_schedule_position_at_end": positions[-1] if positions else None,
+        "lr_last_optimizer_step": {"position": lrs[-1][0], "lr": lrs[-1][1]} if lrs else None,
         "replay_age": {"max": max(ages) if ages else None,
                        "mean": statistics.fmean(s["age_mean"] for s in after_warmup if s["replayed"]) if ages else None},
         "buffer_max_rollouts": max((s["buffer"] or 0 for s in steps), default=0),

@@ -73,12 +73,13 @@ class Rank:
     def __init__(self, rank: int, args, accumulation: int, rng) -> None:
         self.rank, self.args, self.accumulation, self.rng = rank, args, accumulation, rng
         self.scheduler = None  # rank 0 steps the run's LR scheduler (set once its length is known)
+        self.lr_positions: list[float] = []  # the schedule's position after each rollout step (rank 0)
         self.strategy = SimpleNamespace(is_rank_0=lambda: False)  # upstream's execute_batch reads it
         self.pending = 0  # micro-batches of an unfinished accumulation window (DeepSpeed keeps them)
         self.received = {"fresh": 0, "replayed": 0, "rows": 0, "replayed_rows": 0}  # this step
         self.steps: list[dict] = []  # one record per rollout step
         self.checkpoint_states: dict = {}
-        self.lrs: list[float] = []
+        self.lrs: list[tuple[float, float]] = []  # (position, LR) each optimizer step ran at
 
     execute_batch = BaseModelActor.execute_batch  # upstream's per-item dispatch of a chunk
 
@@ -102,15 +103,25 @@ class Rank:
         micro_batches = got["rows"] // micro * self.args.train.max_epochs
         self.pending += micro_batches
         optimizer_steps, self.pending = divmod(self.pending, self.accumulation)
-        for _ in range(optimizer_steps if self.scheduler is not None else 0):
-            self.lrs.append(self.scheduler.get_last_lr()[0])
-            self.scheduler.step()
+        if self.scheduler is not None:
+            self._step_scheduler(optimizer_steps, got["rows"] - got["replayed_rows"], got["rows"])
         self.steps.append({"fresh_micro_batches": got["fresh"], "replayed_micro_batches": got["replayed"],
                            "rows": got["rows"], "replayed_rows": got["replayed_rows"],
                            "dropped_rows": got["rows"] % micro, "optimizer_steps": optimizer_steps,
                            "carried_micro_batches": self.pending})
         self.received = {"fresh": 0, "replayed": 0, "rows": 0, "replayed_rows": 0}
         return {}
+
+    def _step_scheduler(self, optimizer_steps: int, fresh_rows: int, rows: int) -> None:
+        """As DeepSpeed steps it, after each optimizer step; with replay the actor paces it first."""
+        from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR
+
+        if isinstance(self.scheduler, RolloutPacedLR):
+            self.scheduler.pace(fresh_rows, rows)
+        for _ in range(optimizer_steps):
+            self.lrs.append((_position(self.scheduler), self.scheduler.get_last_lr()[0]))
+            self.scheduler.step()
+        self.lr_positions.append(_position(self.scheduler))
 
     def save_checkpoint(self, tag, client_states=None, metric_value=None, metric_key=None) -> None:
         self.checkpoint_states = copy.deepcopy(client_states or {})
@@ -123,6 +134,11 @@ class Rank:
         pass
 
     reload_states = offload_states = broadcast_to_vllm = empty_cache
+
+
+def _position(scheduler) -> float:
+    """Where a schedule stands, in upstream's steps: paced by rollout steps, or one per step taken."""
+    return getattr(scheduler, "position", scheduler.last_epoch)
 
 
 class _Local:

@@ -6,9 +6,9 @@ Seams used (OpenRLHF 0.11.2): `BasePPOTrainer.__init__` builds `self.experience_
 by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics),
 `_compute_rollout_stats` (fresh rows only), `save_logs_and_checkpoints` and
 `init_checkpoint_states` (replay state beside each checkpoint). `get_max_steps` is upstream's:
-the LR schedule is sized from the fresh batches in every condition, so each warms up over the
-same rollout steps (replay starts after the LR warm-up, and the launcher refuses schedules that
-decay with replay on, since the steps replay adds would run past their end).
+the LR schedule is sized from the fresh batches in every condition, and the policy actor paces it
+by rollout steps (`openrlhf_replay/trainer/lr_schedule.py`), so every condition warms up over the
+same rollout steps and ends its schedule at its last optimizer step, whatever replay adds.
 """
 from __future__ import annotations
 

@@ -45,7 +45,6 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--replay.off_policy", "refresh"], "is_correction_level"),
     # upstream's default IS mode masks tokens; docs/METHOD.md's refresh truncates the weight
     (["--replay.off_policy", "refresh", "--algo.advantage.is_correction_level", "token"], "mask drops tokens"),
-    (["--actor.lr_scheduler", "cosine_with_min_lr"], "constant_with_warmup"),
     (["--replay.ratio", "0.12"], "rounds to 0 whole training batches"),  # 0.12 x 32 = 3.84 < half of 8
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz"], "no such replay checkpoint"),
     (["--rollout.batch_size", "3"], "multiple of"),
@@ -64,6 +63,9 @@ def test_a_valid_replay_configuration_passes(make_args):
                                        "--algo.advantage.is_correction_mode", "clip")) == []
     # ratio 0.125 x 32 fresh = 4 = half a training batch of 8: rounds up to one batch, not refused
     assert replay_arg_errors(make_args("--replay.mode", "advantage", "--replay.ratio", "0.125")) == []
+    # a decaying LR schedule: the actor paces it by rollout steps (openrlhf_replay/trainer/lr_schedule.py)
+    for mode in ("advantage", "success"):
+        assert replay_arg_errors(make_args("--replay.mode", mode, "--actor.lr_scheduler", "cosine_with_min_lr")) == []
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 

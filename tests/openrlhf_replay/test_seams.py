@@ -57,5 +57,10 @@ def test_sources_still_have_the_assumptions_the_seams_make():
     assert "self.experience_maker = RemoteExperienceMaker(" in inspect.getsource(BasePPOTrainer.__init__)
     assert "self.experience_maker.make_experience_batch(rollout_samples)" in inspect.getsource(BasePPOTrainer.train_step)
     # the actor's trainer and its loss are plain attributes set once
-    assert "self.trainer = ActorPPOTrainer(" in inspect.getsource(undecorated(PolicyModelActor).init_model_from_pretrained)
+    init = inspect.getsource(undecorated(PolicyModelActor).init_model_from_pretrained)
+    assert "self.trainer = ActorPPOTrainer(" in init
+    # the LR scheduler the replay actor paces: built by prepare, its checkpoint state loaded before
+    # init returns (so a saved position is there when it is paced), the trainer's the same object
+    assert init.index("self.actor, self.actor_optim, self.actor_scheduler = strategy.prepare(") < init.index(
+        "strategy.load_ckpt(") < init.index("actor_scheduler=self.actor_scheduler,")
     assert "self.actor_loss_fn = PolicyLoss(" in inspect.getsource(ActorPPOTrainer.__init__)

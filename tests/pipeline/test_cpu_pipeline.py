@@ -5,12 +5,14 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
 
 - `replay`: advantage-prioritised replay (warm-up 1) with two DeepSpeed ranks and one vLLM
   engine, over two episodes of a prompt file whose size is not a multiple of the batch (cut to
-  whole batches by the launch policy), checked from the ranks' own reports; final HF model;
+  whole batches by the launch policy), checked from the ranks' own reports; final HF model; a
+  cosine LR schedule whose warm-up spans the first replayed step;
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
   tiny model (the seed checkpoint), one rank, warm-up 1; the first replayed step's batch is dumped
-  (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`) and checked against the weights saved after step 1.
+  (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`) and checked against the weights saved after step 1; a cosine
+  LR schedule that decays to 0 over the run.
 
 Resuming from a checkpoint (the buffer restored as saved, the step counter going on) is tested
 by the runs of tests/faults/test_pipeline_faults.py, each of which resumes from the one before;
@@ -62,6 +64,11 @@ COMMON = [
     "--logger.wandb.run_name", "tb",
 ]
 REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio", "0.5"]
+# Decaying LR schedules (after COMMON's constant one: the last flag wins). The replay run's 8 fresh
+# optimizer steps warm up over 4 (rollout steps 1 and 2, step 2 replaying) and decay to 10 %; RLEP's
+# 2 decay from the first step, at the full LR as before, to 0.
+REPLAY_LR = ["--actor.lr_scheduler", "cosine_with_min_lr", "--actor.lr_warmup_ratio", "0.5"]
+RLEP_LR = ["--actor.lr_scheduler", "cosine"]
 
 
 def _prompts(path: Path, n: int = 32) -> list[str]:
@@ -123,7 +130,7 @@ def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data),
             "--data.max_samples", str(whole_batches(count_rows(str(data)), 4)),
             "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
-            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY]
+            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR]
 
 
 def _build_pool(tmp: Path, model: Path) -> Path:
@@ -146,7 +153,7 @@ def _rlep_argv(tmp: Path, model: Path, pool: Path) -> list[str]:
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl"),
             "--train.num_episodes", "1", "--train.batch_size", "16", "--replay.mode", "success", "--replay.warmup", "1",
             "--replay.success_pool", str(pool), "--ckpt.path", str(tmp / "rlep_ckpt"), "--ckpt.save_steps", "1",
-            "--ckpt.save_hf", "--ckpt.disable_ds"]
+            "--ckpt.save_hf", "--ckpt.disable_ds", *RLEP_LR]
 
 
 def _by_step(run, key) -> dict[int, float]:
@@ -225,6 +232,41 @@ def test_two_ranks_train_alike_across_an_episode_boundary(runs):
     low, high = _by_step(run, "replay/rank_weights_checksum_min"), _by_step(run, "replay/rank_weights_checksum_max")
     assert sorted(low) == [1, 2, 3, 4] and low == high, (low, high)
     assert len(set(low.values())) == 4  # the weights did change each step: the checksum sees it
+
+
+def _grpo_lrs(schedule: str, max_steps: int, fresh_steps: int, warmup_ratio: float = 0.0) -> dict[int, float]:
+    """The `actor_lr` GRPO logs after each rollout step: the LR after its last optimizer step, from
+    the scheduler `DeepspeedStrategy.prepare` builds (sized by `get_max_steps`), stepped once per
+    optimizer step, `fresh_steps` a rollout step."""
+    import torch
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    kwargs = {"min_lr_rate": 0.1} if schedule == "cosine_with_min_lr" else {}
+    scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=math.ceil(max_steps * warmup_ratio),
+                              num_training_steps=max_steps, scheduler_specific_kwargs=kwargs)
+    lrs = {}
+    for step in range(1, max_steps // fresh_steps + 1):
+        for _ in range(fresh_steps):
+            optimizer.step()
+            scheduler.step()
+        lrs[step] = scheduler.get_last_lr()[0]
+    return lrs
+
+
+def test_a_decaying_lr_follows_rollout_steps_whatever_replay_adds(runs):
+    """The schedule is sized from the fresh batches (upstream's `get_max_steps`) and paced by rollout
+    steps (`openrlhf_replay/trainer/lr_schedule.py`): after every rollout step the LR is GRPO's after
+    the same step, replayed or not, and the run ends on the schedule's end value. Stepped once per
+    optimizer step, the replay run would log the schedule at 2, 5, 8, 11 of its 8 steps."""
+    replay, rlep = runs["replay"], runs["rlep"]
+    assert _by_step(replay, "replay/rank_optimizer_steps_max") == {1: 2, 2: 3, 3: 3, 4: 3}
+    grpo = _grpo_lrs("cosine_with_min_lr", 8, 2, warmup_ratio=0.5)  # 8 fresh steps, 2 a rollout step
+    assert grpo[2] == 1e-3 and grpo[4] == pytest.approx(1e-4)  # the warm-up ends after step 2; 10 % at the end
+    assert _by_step(replay, "actor_lr") == pytest.approx(grpo, rel=1e-6)  # float32 in TensorBoard
+    # RLEP: one fresh optimizer step a rollout step; step 2 also trains its replayed and inert rows.
+    assert _by_step(rlep, "replay/rank_optimizer_steps_max") == {1: 1, 2: 2}
+    assert _by_step(rlep, "actor_lr") == pytest.approx(_grpo_lrs("cosine", 2, 1)) == {1: 5e-4, 2: 0.0}
 
 
 def test_mode_none_runs_the_plain_pipeline(runs):

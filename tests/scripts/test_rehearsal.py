@@ -116,6 +116,10 @@ def test_every_condition_warms_up_over_the_same_rollout_steps(subset_runs):
         assert report["lr_schedule_optimizer_steps"] == 64, script
         lr = report["lr_after_warmup"]
         assert lr["min"] == lr["max"] == 1e-6, script  # constant after the warm-up (docs/METHOD.md)
+        # Paced by rollout steps with replay: every run ends on the schedule's end, its last optimizer
+        # step less than one step before it (docs/METHOD.md section 9).
+        assert report["lr_schedule_position_at_end"] == 64, script
+        assert 63 <= report["lr_last_optimizer_step"]["position"] < 64, script
     assert reports["train_grpo_replay"]["optimizer_steps_taken"] == 64 + 10 * 2  # replay's two batches a step
 
 

@@ -12,10 +12,14 @@ Each rank also reports what it trained on, reduced over the ranks as min and max
 micro-batches received (fresh and replayed), optimizer steps taken, and a checksum of its
 weights. Equal min and max mean balanced ranks; unequal ones are the first sign of a hang.
 
+The actor's LR scheduler follows rollout steps, not optimizer steps: each rollout step moves it by
+its fresh optimizer steps, as in GRPO, whatever replay adds (`openrlhf_replay/trainer/lr_schedule.py`).
+
 Seams used (OpenRLHF 0.11.2): `PolicyModelActor.init_model_from_pretrained` builds `self.trainer`
-(its class is switched to the subclass below, which only adds behaviour), `append` and `fit`
-(wrapped), `ActorPPOTrainer.training_step` (wrapped) and `PolicyLoss.forward` (wrapped: the
-per-row statistics come from its inputs).
+(its class is switched to the subclass below, which only adds behaviour) and `self.actor_scheduler`
+(paced in place), `append` and `fit` (wrapped: `fit` first tells the scheduler the step's rows),
+`ActorPPOTrainer.training_step` (wrapped) and `PolicyLoss.forward` (wrapped: the per-row
+statistics come from its inputs).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch
 from openrlhf.models import PolicyLoss
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
+from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
 from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REPLAYED_KEY, per_kind
 from openrlhf_replay.utils import undecorated
 from replay import ReplayConfig
@@ -108,29 +113,34 @@ def split_generation_stats(status: dict, replayed: torch.Tensor, inert: torch.Te
 class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
-        self._received = {"fresh": 0, "replayed": 0}
+        self._received = {"fresh": 0, "replayed": 0, "fresh_rows": 0, "rows": 0}
         if ReplayConfig.from_namespace(strategy.args).enabled:
             # Upstream builds its ActorPPOTrainer inline; building a second one would open a
             # second weight-sync group to vLLM, so the instance is switched to the subclass.
             self.trainer.__class__ = ReplayActorPPOTrainer
             self.trainer.enable_split_stats()
+            pace_by_rollout_steps(self.actor_scheduler)  # after upstream has loaded a checkpoint's state
 
     def append(self, experience):
         flags = experience.info.get(REPLAYED_KEY)
-        self._received["replayed" if flags is not None and bool(torch.as_tensor(flags).bool().any())
-                       else "fresh"] += 1
+        replayed_rows = 0 if flags is None else int(torch.as_tensor(flags).bool().sum())
+        self._received["replayed" if replayed_rows else "fresh"] += 1
+        self._received["rows"] += len(experience.sequences)
+        self._received["fresh_rows"] += len(experience.sequences) - replayed_rows
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0):
         engine = self.actor.model
         steps_before = engine.global_steps
+        if isinstance(self.actor_scheduler, RolloutPacedLR):
+            self.actor_scheduler.pace(self._received["fresh_rows"], self._received["rows"])
         status = super().fit(kl_ctl)
         mine = {"fresh_micro_batches": self._received["fresh"], "replayed_micro_batches": self._received["replayed"],
                 "optimizer_steps": engine.global_steps - steps_before}
         if self.strategy.args.ds.zero_stage < 3:  # ZeRO-3 ranks hold different shards: nothing to compare
             mine["weights_checksum"] = sum(p.detach().double().abs().sum() for p in engine.parameters()).item()
         status.update(rank_spread(self.strategy, mine))
-        self._received = {"fresh": 0, "replayed": 0}
+        self._received = dict.fromkeys(self._received, 0)
         return status
 
 
