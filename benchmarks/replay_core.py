@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     top = {"config": names[0], **results[names[0]]}
     if "paper" in results and names[0] != "paper":
         top["paper"] = results["paper"]
-    top["workload"] = asdict(w)
+    top["workload"] = asdict(w) | {"kl_column": _kl_column}
     print(json.dumps(top))
 
 
