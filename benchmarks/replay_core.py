@@ -150,6 +150,11 @@ def _lognormal_lengths(rng: np.random.Generator, mean: float, sigma: float, clip
     return np.clip(np.rint(rng.lognormal(mu, sigma, n)), *clip).astype(np.int64)
 
 
+# --kl: the optional per-token column the run's KL adds to every stored rollout (None: KL off).
+KL_COLUMNS = {"off": None, "reward": "token_advantages", "loss": "ref_logprobs"}
+_kl_column: str | None = None
+
+
 def make_step(w: Workload, step: int) -> dict[str, np.ndarray]:
     """The fresh rollouts of `step` as RolloutBatch fields (flat, columnar), from (seed, step) alone."""
     rng = np.random.default_rng([w.seed, step])
@@ -163,7 +168,8 @@ def make_step(w: Workload, step: int) -> dict[str, np.ndarray]:
     prompt_ids = np.concatenate([prompts[p_off[j]:p_off[j + 1]] for j in group.tolist()])
     n_resp = int(r_len.sum())
     rewards = (rng.random(n) < np.repeat(rng.random(g), s)).astype(np.float32)
-    return {
+    kl = {_kl_column: -rng.exponential(size=n_resp).astype(np.float32)} if _kl_column else {}
+    return kl | {
         "prompt_ids": prompt_ids,
         "prompt_offsets": np.r_[0, np.cumsum(p_len[group])].astype(np.int64),
         "response_ids": rng.integers(0, w.vocab, n_resp, dtype=np.int32),
@@ -208,7 +214,8 @@ class ProjectSide:
         self._from_numpy, self._advantage = torch.from_numpy, advantage
         # keep="all": the workload's live counts (30,000; 11,264) assume every rollout is stored,
         # as the TorchRL side does; the default keep rule would drop zero-advantage groups.
-        self.store = RolloutStore(cfg.capacity, cfg.max_age, keep="all")
+        self.store = RolloutStore(cfg.capacity, cfg.max_age, keep="all",
+                                  token_columns=(_kl_column,) if _kl_column else ())
         self.w = w
         self.rng = np.random.default_rng([w.seed, 1])
 
@@ -243,7 +250,8 @@ class ProjectSide:
         st = self.store
         arrays = list(st._rows._backing.values())  # noqa: SLF001 - a benchmark may look inside
         for ch in st._chunks:  # noqa: SLF001
-            arrays += [ch.prompt_ids, ch.prompt_offsets, ch.response_ids, ch.response_offsets, ch.logprobs]
+            arrays += [ch.prompt_ids, ch.prompt_offsets, ch.response_ids, ch.response_offsets, ch.logprobs,
+                       *ch.extras.values()]
             arrays += [ch.action_mask] if ch.action_mask is not None else []
         if st._cache is not None:  # noqa: SLF001
             view, rows, _ = st._cache  # noqa: SLF001
@@ -510,6 +518,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--torchrl-threads", type=int, default=1, metavar="N",
                    help="torch intra-op threads of the TorchRL side (default 1: faster than torch's default "
                         "on this 2-core machine; 0 = torch's default)")
+    p.add_argument("--kl", choices=tuple(KL_COLUMNS), default="off",
+                   help="store the per-token column of KL in the reward (token_advantages) or as a loss "
+                        "(ref_logprobs) too; project side only (default off)")
     p.add_argument("--side", choices=("driver", "torchrl"), default="driver", help=argparse.SUPPRESS)
     p.add_argument("--config", default="full", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -532,6 +543,9 @@ def main(argv: list[str] | None = None) -> None:
         serve_torchrl(args)
         return
     w, configs = QUICK_SIZE if args.quick else FULL_SIZE
+    global _kl_column
+    _kl_column = KL_COLUMNS[args.kl]
+    args.no_torchrl = args.no_torchrl or _kl_column is not None  # TorchRL's side stores no KL column
     trl_py = torchrl_python_or_none(args)
     names = [n for n in ("full", "paper") if n in args.configs.split(",")]
     results = {name: run_config(configs[name], w, args, trl_py) for name in names}
@@ -539,7 +553,7 @@ def main(argv: list[str] | None = None) -> None:
     top = {"config": names[0], **results[names[0]]}
     if "paper" in results and names[0] != "paper":
         top["paper"] = results["paper"]
-    top["workload"] = asdict(w)
+    top["workload"] = asdict(w) | {"kl_column": _kl_column}
     print(json.dumps(top))
 
 

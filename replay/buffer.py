@@ -25,7 +25,11 @@ from replay.store import RolloutStore
 # still read, with the rules its code had (`_FORMAT_1_RULES`).
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
-KEEP_RULE, PRIORITY_RULE = "keep rule", "priority rule"
+KEEP_RULE, PRIORITY_RULE, KL_RULE = "keep rule", "priority rule", "per-token KL columns"
+# What each optional per-token column is kept for; a file of another KL setting lacks what this
+# run's loss reads (or holds what it would ignore), so the KL setting is a holding rule.
+_KL_COLUMN_USE = {"token_advantages": "KL in the reward", "ref_logprobs": "KL as a loss"}
+NO_KL_COLUMNS = "none (KL off)"
 FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
                            "maximum, the drawn updated to max(|reward|, 1e-6)")
 # What format-1 code stored and ranked by in freshness mode (the other modes' rules are unchanged).
@@ -33,14 +37,16 @@ _FORMAT_1_RULES = {"freshness": {KEEP_RULE: "nonzero_advantage",
                                  PRIORITY_RULE: "(|A| + eps) ** alpha x exp(-age / tau)"}}
 
 
-def holding_rules(config: ReplayConfig) -> dict[str, Any]:
+def holding_rules(config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> dict[str, Any]:
     """What decides which rollouts the store holds and, where the store keeps priorities, what
-    they mean: the flags with their values in force, this code's keep rule for the mode and,
-    for freshness, its priority rule. A checkpoint written under other rules holds rollouts this
-    run would not keep, lacks ones it would, or carries priorities of another meaning: resuming
-    from it would quietly mix two configurations."""
+    they mean: the flags with their values in force, this code's keep rule for the mode, for
+    freshness its priority rule, and the per-token columns the run's KL needs. A checkpoint
+    written under other rules holds rollouts this run would not keep, lacks ones it would, carries
+    priorities of another meaning or lacks what the loss reads: resuming from it would quietly mix
+    two configurations."""
     rules = {"replay.max_age": config.max_age_steps or "unset (no age limit)", "replay.capacity": config.capacity,
-             KEEP_RULE: config.store_filter}
+             KEEP_RULE: config.store_filter,
+             KL_RULE: ", ".join(f"{c} ({_KL_COLUMN_USE[c]})" for c in token_columns) or NO_KL_COLUMNS}
     if config.store_filter == "success":
         rules["replay.success_threshold"] = config.success_threshold
     elif config.store_filter != "all":
@@ -54,9 +60,9 @@ def written_rules(state: Mapping[str, Any]) -> dict[str, Any]:
     """The holding rules a checkpoint state was written under (format 1: those of its config
     under the code of that format)."""
     if state.get("format_version") != 1:
-        return dict(state["holding_rules"])
+        return {KL_RULE: NO_KL_COLUMNS} | dict(state["holding_rules"])  # files from before KL: none
     config = ReplayConfig.from_dict(dict(state["config"]))
-    rules = holding_rules(config)
+    rules = holding_rules(config)  # format 1 predates KL: no per-token columns
     if config.mode in _FORMAT_1_RULES:
         rules.pop(PRIORITY_RULE, None)
         rules |= _FORMAT_1_RULES[config.mode] | {"replay.min_abs_advantage": config.min_abs_advantage}
@@ -70,6 +76,10 @@ def rules_mismatch(saved: Mapping[str, Any], ours: Mapping[str, Any], mode: str)
     if not differ:
         return None
     show = lambda rules: ", ".join(f"{k} {rules.get(k, 'unset')}" for k in differ)  # noqa: E731
+    if KL_RULE in differ:
+        return (f"written with {KL_RULE} {saved.get(KL_RULE)}, this run has {ours.get(KL_RULE)}: its rollouts do not "
+                "carry what this run's KL reads (--algo.kl.init_coef and --algo.kl.use_loss decide). Resume with the "
+                "KL flags it was written with, or start with an empty buffer (--replay.allow_empty_resume)")
     if KEEP_RULE in differ or PRIORITY_RULE in differ:
         return (f"written under replay.mode={mode} with {show(saved)}; this code's replay.mode={mode} has "
                 f"{show(ours)}: the buffer holds other rollouts, or priorities of another meaning. Resume with "
@@ -81,13 +91,16 @@ def rules_mismatch(saved: Mapping[str, Any], ours: Mapping[str, Any], mode: str)
 class ReplayBuffer:
     """Store + sampler + composer for one run, with its own random generator."""
 
-    def __init__(self, config: ReplayConfig) -> None:
+    def __init__(self, config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> None:
+        """`token_columns`: the optional per-token columns (`record.TOKEN_COLUMNS`) the run's KL
+        needs every stored rollout to carry (none with KL off)."""
         if config.mode == "freshness" and config.beta_steps is None and config.beta_start != config.beta_end:
             raise ValueError(f"replay.beta_steps is unset: the freshness importance weights anneal over it from "
                              f"beta_start {config.beta_start} to beta_end {config.beta_end}; set it to the run's length "
                              "in steps (config.for_run(steps)), or beta_end to beta_start for a fixed beta")
         self.config = config
-        self.store = self._new_store(config)
+        self.token_columns = tuple(token_columns)
+        self.store = self._new_store(config, self.token_columns)
         self.pool: SuccessPool | None = None
         if config.success_pool:
             self.pool = self._load_pool(config)
@@ -106,9 +119,10 @@ class ReplayBuffer:
         return pool
 
     @staticmethod
-    def _new_store(config: ReplayConfig) -> RolloutStore:
+    def _new_store(config: ReplayConfig, token_columns: tuple[str, ...]) -> RolloutStore:
         return RolloutStore(config.capacity, config.max_age_steps, keep=config.store_filter or "all",
-                            min_abs_advantage=config.min_abs_advantage, success_threshold=config.success_threshold)
+                            min_abs_advantage=config.min_abs_advantage, success_threshold=config.success_threshold,
+                            token_columns=token_columns)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -158,7 +172,7 @@ class ReplayBuffer:
         return {
             "format_version": FORMAT_VERSION,
             "config": self.config.to_dict(),
-            "holding_rules": holding_rules(self.config),
+            "holding_rules": holding_rules(self.config, self.token_columns),
             "last_step": self.last_step,
             "rng": self.rng.bit_generator.state,
             "store": self.store.state_dict(),
@@ -183,7 +197,7 @@ class ReplayBuffer:
             saved = written_rules(state)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"its replay config or holding rules cannot be read: {e}") from e
-        problem = rules_mismatch(saved, holding_rules(self.config), self.config.mode)
+        problem = rules_mismatch(saved, holding_rules(self.config, self.token_columns), self.config.mode)
         if problem:
             raise ValueError(problem)
         self._check_pool_rule(state)
@@ -193,7 +207,7 @@ class ReplayBuffer:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"random generator state is missing or not {type(rng.bit_generator).__name__}: {e!r}") \
                 from e
-        store = self._new_store(self.config)
+        store = self._new_store(self.config, self.token_columns)
         store.load_state_dict(state["store"])
         last_step = state.get("last_step")
         self.store, self.rng = store, rng
@@ -220,11 +234,11 @@ class ReplayBuffer:
         save_state(path, self.state_dict())
 
     @classmethod
-    def load(cls, path: str | os.PathLike, config: ReplayConfig) -> ReplayBuffer:
+    def load(cls, path: str | os.PathLike, config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> ReplayBuffer:
         """A buffer for `config` restored from `path`. A missing, corrupt or incompatible file is a
         ReplayCheckpointError; whether to start empty instead (`--replay.allow_empty_resume`) is the
         resuming caller's decision (`ppo_trainer.py:restore_replay_state`)."""
-        buf = cls(config)
+        buf = cls(config, token_columns)
         if not os.path.exists(path):
             raise ReplayCheckpointError(f"{os.fspath(path)}: no such replay checkpoint")
         state = load_state(path)

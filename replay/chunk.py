@@ -10,10 +10,10 @@ from replay.record import RolloutBatch, gather_segments
 
 class Chunk:
     """One insertion's token data. `action_mask` is None when it was all True (the usual case),
-    which saves one byte per token."""
+    which saves one byte per token. `extras`: the batch's optional per-token columns, by name."""
 
     __slots__ = ("prompt_ids", "prompt_offsets", "response_ids", "response_offsets", "action_mask",
-                 "logprobs", "start")
+                 "logprobs", "extras", "start")
 
     def __init__(self, batch: RolloutBatch, rows: np.ndarray) -> None:
         """A copy of rollouts `rows` (increasing) of `batch`: one contiguous copy per array when
@@ -22,9 +22,12 @@ class Chunk:
         self.prompt_offsets, (self.prompt_ids,) = gather_segments(
             [batch.prompt_ids], zeros, batch.prompt_offsets[rows], batch.prompt_offsets[rows + 1])
         mask = () if batch.action_mask.all() else (batch.action_mask,)
-        self.response_offsets, (self.response_ids, self.logprobs, *mask) = gather_segments(
-            [(batch.response_ids, batch.behaviour_logprobs, *mask)], zeros, batch.response_offsets[rows],
-            batch.response_offsets[rows + 1])
+        columns = batch.token_columns
+        self.response_offsets, (self.response_ids, self.logprobs, *rest) = gather_segments(
+            [(batch.response_ids, batch.behaviour_logprobs, *(getattr(batch, c) for c in columns), *mask)], zeros,
+            batch.response_offsets[rows], batch.response_offsets[rows + 1])
+        self.extras = dict(zip(columns, rest))
+        mask = rest[len(columns):]
         self.action_mask = mask[0] if mask and not mask[0].all() else None
         self.start = 0  # rows before this are evicted
 
@@ -40,6 +43,7 @@ class Chunk:
         ch.response_ids, ch.response_offsets = self.response_ids[r0:].copy(), self.response_offsets[s:] - r0
         ch.action_mask = None if self.action_mask is None else self.action_mask[r0:].copy()
         ch.logprobs = self.logprobs[r0:].copy()
+        ch.extras = {k: v[r0:].copy() for k, v in self.extras.items()}
         ch.start = 0
         return ch
 
@@ -49,5 +53,6 @@ class Chunk:
 
     @property
     def nbytes(self) -> int:
-        arrays = [self.prompt_ids, self.prompt_offsets, self.response_ids, self.response_offsets, self.logprobs]
+        arrays = [self.prompt_ids, self.prompt_offsets, self.response_ids, self.response_offsets, self.logprobs,
+                  *self.extras.values()]
         return sum(a.nbytes for a in arrays) + (0 if self.action_mask is None else self.action_mask.nbytes)

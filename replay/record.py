@@ -40,6 +40,10 @@ _LAYOUT: dict[str, tuple[type, str]] = {
     "reuse_counts": (np.int32, "rollout"),
 }
 ROLLOUT_FIELDS = tuple(k for k, (_, kind) in _LAYOUT.items() if kind == "rollout")
+# Optional float32 columns, one value per response token, held only when the run's KL needs them
+# (docs/METHOD.md section 2, "KL"): `token_advantages`, the per-token advantage of KL in the reward;
+# `ref_logprobs`, the reference model's log-probs for KL as a loss. Absent (None) they cost no byte.
+TOKEN_COLUMNS = ("token_advantages", "ref_logprobs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,6 +68,9 @@ class RolloutBatch:
     group_ids: np.ndarray  # (n,) int64, one id per fresh group
     versions: np.ndarray  # (n,) int64, policy version (training step) that generated it
     reuse_counts: np.ndarray  # (n,) int32, times replayed so far
+    # -- optional, per response token (`TOKEN_COLUMNS`) --
+    token_advantages: np.ndarray | None = None  # (sum Lr,) float32, advantage with the KL penalty
+    ref_logprobs: np.ndarray | None = None  # (sum Lr,) float32, log pi_ref of each response token
 
     def __post_init__(self) -> None:
         for name, (dtype, _) in _LAYOUT.items():
@@ -77,7 +84,12 @@ class RolloutBatch:
                 raise ValueError(f"RolloutBatch.{name}: length {len(getattr(self, name))} != n_rollouts {n}")
         for flat, offsets in (("prompt_ids", "prompt_offsets"), ("response_ids", "response_offsets")):
             _check_offsets(offsets, getattr(self, offsets), n, len(getattr(self, flat)))
-        for name in ("action_mask", "behaviour_logprobs"):
+        for name in self.token_columns:
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray) or a.ndim != 1 or a.dtype != np.float32:
+                raise ValueError(f"RolloutBatch.{name}: expected None or a 1-D float32 array, got {type(a).__name__}"
+                                 f"{f' {a.dtype} of shape {a.shape}' if isinstance(a, np.ndarray) else ''}")
+        for name in ("action_mask", "behaviour_logprobs", *self.token_columns):
             if len(getattr(self, name)) != len(self.response_ids):
                 raise ValueError(
                     f"RolloutBatch.{name}: length {len(getattr(self, name))} != "
@@ -138,7 +150,10 @@ class RolloutBatch:
             return cls.empty()
         if len(batches) == 1:
             return batches[0]
-        fields = {}
+        columns = {b.token_columns for b in batches}
+        if len(columns) > 1:
+            raise ValueError(f"concat: batches hold different optional columns {sorted(columns)}")
+        fields = {name: np.concatenate([getattr(b, name) for b in batches]) for name in batches[0].token_columns}
         for name, (_, kind) in _LAYOUT.items():
             if kind == "offsets":
                 ends = np.cumsum([getattr(b, name)[-1] for b in batches])[:-1]
@@ -171,8 +186,13 @@ class RolloutBatch:
         return len(self.prompt_ids) + len(self.response_ids)
 
     @property
+    def token_columns(self) -> tuple[str, ...]:
+        """The optional per-token columns this batch holds (`TOKEN_COLUMNS` order)."""
+        return tuple(k for k in TOKEN_COLUMNS if getattr(self, k) is not None)
+
+    @property
     def nbytes(self) -> int:
-        return sum(getattr(self, k).nbytes for k in _LAYOUT)
+        return sum(getattr(self, k).nbytes for k in (*_LAYOUT, *self.token_columns))
 
     def response(self, i: int) -> np.ndarray:
         """Response token ids of rollout i (a view)."""
@@ -190,12 +210,13 @@ class RolloutBatch:
         zeros = np.zeros(len(idx), np.int64)
         p_off, (prompt_ids,) = gather_segments([self.prompt_ids], zeros, self.prompt_offsets[idx],
                                                self.prompt_offsets[idx + 1])
-        r_off, (response_ids, action_mask, logprobs) = gather_segments(
-            [(self.response_ids, self.action_mask, self.behaviour_logprobs)], zeros,
-            self.response_offsets[idx], self.response_offsets[idx + 1])
+        columns = self.token_columns
+        r_off, (response_ids, action_mask, logprobs, *extra) = gather_segments(
+            [(self.response_ids, self.action_mask, self.behaviour_logprobs, *(getattr(self, c) for c in columns))],
+            zeros, self.response_offsets[idx], self.response_offsets[idx + 1])
         return RolloutBatch(prompt_ids=prompt_ids, prompt_offsets=p_off, response_ids=response_ids,
                             response_offsets=r_off, action_mask=action_mask, behaviour_logprobs=logprobs,
-                            **{k: getattr(self, k)[idx] for k in ROLLOUT_FIELDS})
+                            **{k: getattr(self, k)[idx] for k in ROLLOUT_FIELDS}, **dict(zip(columns, extra)))
 
     def to_padded(self, pad_id: int) -> dict[str, np.ndarray]:
         """The rollouts as OpenRLHF's `Experience` lays out a micro-batch (numpy; the integration
@@ -204,7 +225,8 @@ class RolloutBatch:
         sequences (B, T) int64, pad_id on padding; attention_mask (B, T) int64, 1 on real tokens;
         action_mask (B, T - 1) bool and behaviour_logprobs (B, T - 1) float32, where column j
         scores token j + 1: a response's tokens sit at columns [len(prompt) - 1, len - 1)
-        (False / 0.0 elsewhere); lengths (B,) int64, prompt + response.
+        (False / 0.0 elsewhere); each optional column held, (B, T - 1) float32 in the same columns;
+        lengths (B,) int64, prompt + response.
         """
         n, lp, lr = len(self), self.prompt_lengths, self.response_lengths
         lengths = lp + lr
@@ -222,8 +244,12 @@ class RolloutBatch:
         attention[np.arange(width) < lengths[:, None]] = 1
         action[rows_r, cols_r - 1] = self.action_mask
         logprobs[rows_r, cols_r - 1] = self.behaviour_logprobs
-        return {"sequences": sequences, "attention_mask": attention, "action_mask": action,
-                "behaviour_logprobs": logprobs, "lengths": lengths}
+        out = {"sequences": sequences, "attention_mask": attention, "action_mask": action,
+               "behaviour_logprobs": logprobs, "lengths": lengths}
+        for name in self.token_columns:
+            out[name] = np.zeros((n, width - 1), np.float32)
+            out[name][rows_r, cols_r - 1] = getattr(self, name)
+        return out
 
 
 # -------------------------------------------------------------------- validation
@@ -232,8 +258,9 @@ class RolloutBatch:
 def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
     """Which rollouts may be stored: `(ok (n,) bool, {reason: count})`.
 
-    Log-probs are only checked where the action mask is set: padding-like positions may hold
-    -inf without harming the loss.
+    Log-probs (and the optional per-token columns: a per-token advantage counts as an advantage,
+    reference log-probs as log-probs) are only checked where the action mask is set:
+    padding-like positions may hold -inf without harming the loss.
     """
     bad = {
         "empty_response": batch.response_lengths == 0,
@@ -241,14 +268,11 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         "non_finite_advantage": ~np.isfinite(batch.advantages),
         "non_finite_logprob": np.zeros(len(batch), np.bool_),
     }
-    # A finite sum means every log-prob is finite (inf and NaN propagate through a sum); it is one
-    # read of the log-probs, no token-sized temporaries. A sum that overflows takes the exact path.
-    with np.errstate(over="ignore", invalid="ignore"):
-        total = batch.behaviour_logprobs.sum()
-    if not np.isfinite(total):
-        bad_tok = ~np.isfinite(batch.behaviour_logprobs) & batch.action_mask
-        rows = np.searchsorted(batch.response_offsets, np.flatnonzero(bad_tok), side="right") - 1
-        bad["non_finite_logprob"][rows] = True
+    per_token = [("non_finite_logprob", batch.behaviour_logprobs), ("non_finite_logprob", batch.ref_logprobs),
+                 ("non_finite_advantage", batch.token_advantages)]
+    for reason, values in per_token:
+        if values is not None:
+            bad[reason] |= _non_finite_rows(batch, values)
     refused = np.zeros(len(batch), np.bool_)
     counts = dict.fromkeys(REFUSAL_REASONS, 0)
     for reason in REFUSAL_REASONS:
@@ -256,6 +280,19 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         counts[reason] = int(new.sum())
         refused |= new
     return ~refused, counts
+
+
+def _non_finite_rows(batch: RolloutBatch, values: np.ndarray) -> np.ndarray:
+    """(n,) bool: rollouts with a non-finite value of per-token `values` under the action mask."""
+    rows_bad = np.zeros(len(batch), np.bool_)
+    # A finite sum means every value is finite (inf and NaN propagate through a sum); it is one
+    # read of the values, no token-sized temporaries. A sum that overflows takes the exact path.
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = values.sum()
+    if not np.isfinite(total):
+        bad_tok = ~np.isfinite(values) & batch.action_mask
+        rows_bad[np.searchsorted(batch.response_offsets, np.flatnonzero(bad_tok), side="right") - 1] = True
+    return rows_bad
 
 
 # -------------------------------------------------------------------- helpers

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from replay.chunk import Chunk
-from replay.record import REFUSAL_REASONS, ROLLOUT_FIELDS, RolloutBatch, gather_segments, refusals
+from replay.record import REFUSAL_REASONS, ROLLOUT_FIELDS, TOKEN_COLUMNS, RolloutBatch, gather_segments, refusals
 
 # What an insertion keeps (errors and non-finite values are refused before any rule):
 # nonzero_advantage: |A| >= min_abs_advantage; nonzero_group: whole groups with at least one
@@ -124,7 +124,10 @@ class RolloutStore:
     """Holds rollouts up to `capacity`, evicting those older than `max_age_steps` (None: never)."""
 
     def __init__(self, capacity: int, max_age_steps: int | None, *, keep: str = "nonzero_advantage",
-                 min_abs_advantage: float = 1e-6, success_threshold: float = 0.5) -> None:
+                 min_abs_advantage: float = 1e-6, success_threshold: float = 0.5,
+                 token_columns: tuple[str, ...] = ()) -> None:
+        """`token_columns`: the optional per-token columns (`record.TOKEN_COLUMNS`) every stored
+        rollout carries; an insertion with other ones is an error."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         if max_age_steps is not None and (isinstance(max_age_steps, bool) or not isinstance(max_age_steps, int)
@@ -134,6 +137,9 @@ class RolloutStore:
             raise ValueError(f"keep must be one of {', '.join(KEEP_RULES)}; got {keep!r}")
         self.capacity, self.max_age_steps, self.keep = capacity, max_age_steps, keep
         self.min_abs_advantage, self.success_threshold = min_abs_advantage, success_threshold
+        self.token_columns = tuple(c for c in TOKEN_COLUMNS if c in token_columns)
+        if set(token_columns) - set(self.token_columns):
+            raise ValueError(f"token_columns must be among {TOKEN_COLUMNS}, got {token_columns!r}")
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         self._chunks: collections.deque[Chunk] = collections.deque()
         self._chunks_dropped = 0  # the number of self._chunks[0] in the table's "chunk" column
@@ -159,6 +165,7 @@ class RolloutStore:
         priorities = np.ones(len(batch)) if priorities is None else np.asarray(priorities, np.float64).reshape(-1)
         if priorities.shape != (len(batch),):
             raise ValueError(f"insert: {len(priorities)} priorities for {len(batch)} rollouts")
+        self._check_columns(batch, "insert")
         ok, refused = refusals(batch)
         kept = ok & self._keep_rule(batch, ok)
         skipped = int(ok.sum() - kept.sum())
@@ -225,6 +232,11 @@ class RolloutStore:
         self._rows.assign("priorities", column)  # views already out keep theirs
         self.max_priority = max(self.max_priority, float(values.max()))
         self._cache = None
+
+    def _check_columns(self, batch: RolloutBatch, what: str) -> None:
+        if len(batch) and batch.token_columns != self.token_columns:
+            raise ValueError(f"{what}: the rollouts carry per-token columns {list(batch.token_columns) or 'none'}, "
+                             f"this store holds {list(self.token_columns) or 'none'}")
 
     @staticmethod
     def _checked_priorities(priorities: np.ndarray, n: int) -> np.ndarray:
@@ -320,19 +332,21 @@ class RolloutStore:
         p_off, (prompt_ids,) = gather_segments([ch.prompt_ids for ch in chunks], which,
                                                loc["p_start"][idx], loc["p_end"][idx])
         r_start, r_end = loc["r_start"][idx], loc["r_end"][idx]
+        columns = self.token_columns
         if all(ch.action_mask is None for ch in chunks):
-            r_off, (response_ids, logprobs) = gather_segments(
-                [(ch.response_ids, ch.logprobs) for ch in chunks], which, r_start, r_end)
+            r_off, (response_ids, logprobs, *extra) = gather_segments(
+                [(ch.response_ids, ch.logprobs, *(ch.extras[c] for c in columns)) for ch in chunks],
+                which, r_start, r_end)
             action_mask = np.ones(len(response_ids), np.bool_)
         else:
             # Chunks whose mask was all True read from one shared all-True array instead.
             ones = np.ones(max(len(ch.response_ids) for ch in chunks), np.bool_)
-            r_off, (response_ids, logprobs, action_mask) = gather_segments(
-                [(ch.response_ids, ch.logprobs, ones if ch.action_mask is None else ch.action_mask)
-                 for ch in chunks], which, r_start, r_end)
+            r_off, (response_ids, logprobs, action_mask, *extra) = gather_segments(
+                [(ch.response_ids, ch.logprobs, ones if ch.action_mask is None else ch.action_mask,
+                  *(ch.extras[c] for c in columns)) for ch in chunks], which, r_start, r_end)
         return RolloutBatch(prompt_ids=prompt_ids, prompt_offsets=p_off, response_ids=response_ids,
                             response_offsets=r_off, action_mask=action_mask, behaviour_logprobs=logprobs,
-                            **{k: getattr(view, k)[idx] for k in ROLLOUT_FIELDS})
+                            **{k: getattr(view, k)[idx] for k in ROLLOUT_FIELDS}, **dict(zip(columns, extra)))
 
     @property
     def nbytes(self) -> int:
@@ -370,7 +384,8 @@ class RolloutStore:
         """Contents (live rollouts as one columnar batch), serials and counters."""
         batch = self.gather(np.arange(len(self)))
         return {
-            "rollouts": {f.name: getattr(batch, f.name) for f in dataclasses.fields(RolloutBatch)},
+            "rollouts": {f.name: getattr(batch, f.name) for f in dataclasses.fields(RolloutBatch)
+                         if getattr(batch, f.name) is not None},
             "serials": self.view().serials.copy(),
             "priorities": self.view().priorities.copy(),
             "max_priority": self.max_priority,
@@ -394,6 +409,7 @@ class RolloutStore:
             newest_serial = int(state.get("newest_serial", next_serial))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"store state is incomplete or malformed: {e!r}") from e
+        self._check_columns(batch, "store state")
         if not (math.isfinite(max_priority) and max_priority >= 1.0) or not 0 <= newest_serial <= next_serial:
             raise ValueError(f"store state max_priority {max_priority} must be finite and >= 1, newest_serial "
                              f"{newest_serial} within [0, next_serial {next_serial}]")

@@ -103,9 +103,9 @@ def replay_arg_errors(args) -> list[str]:
 
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
-    """Upstream training features replay cannot run with (a critic, KL, dynamic or async batches,
-    refresh without upstream's clipped IS correction). Any LR schedule runs: the actor paces it by
-    rollout steps (`openrlhf_replay/trainer/lr_schedule.py`)."""
+    """Upstream training features replay cannot run with (a critic, KL RLEP cannot carry, dynamic or
+    async batches, refresh without upstream's clipped IS correction). Any LR schedule runs: the actor
+    paces it by rollout steps (`openrlhf_replay/trainer/lr_schedule.py`)."""
     errors = []
     estimator = args.algo.advantage.estimator
     if estimator in UNSUPPORTED_ESTIMATORS:
@@ -123,9 +123,14 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     if args.algo.dynamic_filtering_enable:
         errors.append("--algo.dynamic_filtering_enable makes the fresh batch size vary per step, so the replayed "
                       "share cannot be spread evenly over ranks; turn it off (replay already skips zero-advantage groups)")
-    if args.algo.kl.init_coef > 0:
-        errors.append(f"--algo.kl.init_coef {args.algo.kl.init_coef}: replay stores one frozen advantage per rollout "
-                      "and no reference log-probs, so KL must be off; pass --algo.kl.init_coef 0")
+    kl_on = args.algo.kl.init_coef > 0  # KL in the reward or as a loss: docs/METHOD.md section 2, "KL"
+    if kl_on and not args.algo.kl.use_loss and config.mode == "success":
+        errors.append("--replay.mode success recomputes its enlarged groups' advantages, which would drop the KL "
+                      "penalty folded into the per-token advantages; use KL as a loss (--algo.kl.use_loss) or "
+                      "--algo.kl.init_coef 0")
+    if kl_on and args.algo.kl.use_loss and config.success_pool:
+        errors.append("--replay.success_pool: an offline pool holds no reference log-probs for KL as a loss; "
+                      "leave it unset (the in-run pool) or pass --algo.kl.init_coef 0")
     correction = args.algo.advantage
     if config.effective_off_policy == "refresh" and (correction.is_correction_level, correction.is_correction_mode,
                                            correction.is_correction_gating) != ("token", "clip", "ratio"):

@@ -78,7 +78,11 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
     from openrlhf.utils import get_strategy
 
     duplicate = args.ds.ring_attn_size * args.ds.tensor_parallel_size
-    trainer = cls(str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), None, None, None, [],
+    reference = None
+    if args.algo.kl.init_coef > 0:  # KL needs the reference model's log-probs: stand-in ranks give them
+        reference = actor_group([Rank(r, args, 1, rng) for r in range(args.ref.num_nodes * args.ref.num_gpus_per_node)],
+                                duplicate)
+    trainer = cls(str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), None, None, reference, [],
                   do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
                   temperature=args.rollout.temperature, top_p=args.rollout.top_p)
     sg = trainer.samples_generator

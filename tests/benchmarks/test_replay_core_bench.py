@@ -54,3 +54,13 @@ def test_require_torchrl_fails_without_the_env(tmp_path):
     proc = _run("--require-torchrl", "--torchrl-python", str(tmp_path / "no-such-python"))
     assert proc.returncode != 0
     assert "setup_torchrl_env.sh" in proc.stderr
+
+
+def test_a_kl_column_costs_at_most_four_bytes_per_token_and_only_when_held():
+    """docs/METHOD.md section 2, "KL": KL's per-token column is optional; without it the store stays
+    within its 9 bytes per token."""
+    plain, kl = (_summary(_run("--no-torchrl", "--steps", "1", "--configs", "full", *extra))
+                 for extra in ((), ("--kl", "loss")))
+    assert plain["workload"]["kl_column"] is None and kl["workload"]["kl_column"] == "ref_logprobs"
+    assert plain["bytes_per_token"] <= 9
+    assert 0 < kl["bytes_per_token"] - plain["bytes_per_token"] <= 4

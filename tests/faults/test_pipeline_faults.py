@@ -1,7 +1,8 @@
 """Faults injected into the real pipeline (`python -m openrlhf_replay.cli.train_ppo_ray`: Ray,
 DeepSpeed ZeRO-2 over gloo, vLLM's CPU engine) with a tiny random Qwen3 and advantage replay. One
 command, run three times, each run ended by a fault and resumed by the next (a start costs about
-a minute here, so the faults share runs):
+a minute here, so the faults share runs). KL is in the reward (upstream's default), so the buffers
+saved and restored carry per-token advantages:
 
 1. The reward file (`faulty_reward.py`) raises for one sample and returns NaN for another. The
    checkpoints go to a small tmpfs; once step 1's checkpoint is complete, a file takes all its free
@@ -45,6 +46,8 @@ STOP_WITHIN_S = 120  # a run must end this soon after a fault that stops it
 # raylet's children, now init's) until they notice the raylet is gone: about a minute here.
 ORPHANS_EXIT_S = 120
 REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio", "0.5"]
+# Upstream's default KL (in the reward): the buffer saved and restored holds per-token advantages.
+KL_IN_REWARD = ["--algo.kl.init_coef", "0.01"]
 DIGEST = re.compile(r"replay: (saved|restored) (\d+) rollouts (?:to|from) global_step(\d+)\.npz \(state (\w+)\)")
 
 
@@ -57,7 +60,7 @@ def _command(tmp: Path, model: Path, ckpt: Path) -> list[str]:
         "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.sync_backend", "gloo",
         "--vllm.enforce_eager", "--ds.attn_implementation", "sdpa", "--ds.zero_stage", "2",
         "--ds.param_dtype", "bf16", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-        "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
+        *KL_IN_REWARD, "--algo.advantage.estimator", "group_norm",
         "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.micro_batch_size", "4",
         "--train.batch_size", "8", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
         "--rollout.max_new_tokens", "16", "--data.max_len", "128", "--data.max_samples", "16",
@@ -263,7 +266,7 @@ def test_a_killed_driver_resumes_from_its_last_checkpoint_with_the_same_buffer(c
 def test_the_replay_files_left_hold_the_buffers_that_were_saved(chain):
     """What a later run would load: each replay file kept (--ckpt.max_num 2) holds the buffer whose
     digest the run that wrote it logged at the save."""
-    from replay import ReplayBuffer, ReplayConfig
+    from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
     from replay.checkpoint import state_digest
 
     saved = {}
@@ -273,9 +276,15 @@ def test_the_replay_files_left_hold_the_buffers_that_were_saved(chain):
     assert [f.name for f in files] == ["global_step2.npz", "global_step3.npz"]
     config = ReplayConfig.from_namespace(ReplayConfig.add_cli_args(argparse.ArgumentParser()).parse_args(REPLAY))
     for f in files:
-        buffer = ReplayBuffer.load(f, config)
+        buffer = ReplayBuffer.load(f, config, ("token_advantages",))
         count, digest = saved[int(f.stem.removeprefix("global_step"))]
         assert (len(buffer), state_digest(buffer.state_dict())) == (count, digest), f.name
+        # KL in the reward: the stored per-token advantages carry the penalty beside the group's
+        stored = buffer.store.gather(np.arange(len(buffer)))
+        group = np.repeat(stored.advantages, stored.response_lengths)
+        assert 0 < np.abs(stored.token_advantages - group).max() < 10, f.name
+        with pytest.raises(ReplayCheckpointError, match="per-token KL columns"):
+            ReplayBuffer.load(f, config)  # a run with KL off cannot resume from it
 
 
 def test_a_killed_vllm_engine_stops_the_run_with_a_message_and_nothing_left(chain):

@@ -61,3 +61,28 @@ def test_generation_statistics_describe_fresh_rows_only():
     out = split_by_row_kind({**step, REPLAYED_KEY: replayed.mean().item()})
     assert out["reward"] == 2 / 3 and out["response_length"] == 20 and out["truncated"] == 1 / 3
     assert out["replay/reward_replay"] == 1.0 and out["replay/response_length_replay"] == 99
+
+
+def test_kl_is_logged_per_kind_of_row_both_ways():
+    """KL as a loss: each row's KL to the reference under the current policy, from the loss's
+    inputs. KL in the reward: each row's KL at generation (`info["kl"]`, replayed rows' read back
+    from their stored advantages), carried like the reward."""
+    from openrlhf.models.utils import compute_approx_kl
+
+    torch.manual_seed(1)
+    new, ref = -torch.rand(4, 6), -torch.rand(4, 6)
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    loss = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.28)
+    loss.__class__ = SplitStatsPolicyLoss
+    info = {REPLAYED_KEY: [torch.tensor(x) for x in (0.0, 0.0, 1.0, 1.0)]}
+    loss.row_info, loss.row_ref_log_probs, loss.kl_estimator = info, ref, "k3"
+    loss(new, new.detach(), torch.ones(4, 6), action_mask=mask)
+    per_row = compute_approx_kl(new, ref, kl_estimator="k3").mean(-1)
+    assert torch.allclose(info["replay/kl_fresh@fresh"], per_row * torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert torch.allclose(info["replay/kl_replay@replay"], per_row * torch.tensor([0.0, 0.0, 1.0, 1.0]))
+
+    replayed = torch.tensor([0.0, 1.0])
+    status = {"metrics": {"kl": torch.tensor([0.2, 0.6])}, "weights": {"kl": "sample"}}
+    split_generation_stats(status, replayed, carried=("kl",))
+    assert set(status["metrics"]) == {"kl@fresh", "replay/kl_fresh@fresh", "replay/kl_replay@replay"}
+    assert status["metrics"]["replay/kl_replay@replay"].tolist() == [0.0, 0.6000000238418579]

@@ -41,7 +41,9 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--algo.advantage.estimator", "gae"], "needs a critic"),
     (["--train.dynamic_batch_enable"], "dynamic_batch_enable"),
     (["--train.async_enable"], "async_enable"),
-    (["--algo.kl.init_coef", "0.01"], "KL must be off"),
+    (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
+    (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz", "--algo.kl.init_coef", "0.001",
+      "--algo.kl.use_loss"], "holds no reference log-probs"),
     (["--replay.off_policy", "refresh"], "is_correction_level"),
     # upstream's default IS mode masks tokens; docs/METHOD.md's refresh truncates the weight
     (["--replay.off_policy", "refresh", "--algo.advantage.is_correction_level", "token"], "mask drops tokens"),
@@ -66,6 +68,10 @@ def test_a_valid_replay_configuration_passes(make_args):
     # a decaying LR schedule: the actor paces it by rollout steps (openrlhf_replay/trainer/lr_schedule.py)
     for mode in ("advantage", "success"):
         assert replay_arg_errors(make_args("--replay.mode", mode, "--actor.lr_scheduler", "cosine_with_min_lr")) == []
+    # KL in the reward (upstream's default) and KL as a loss (docs/METHOD.md section 2, "KL")
+    assert replay_arg_errors(make_args("--replay.mode", "advantage", "--algo.kl.init_coef", "0.01")) == []
+    assert replay_arg_errors(make_args("--replay.mode", "success", "--algo.kl.init_coef", "0.001",
+                                       "--algo.kl.use_loss", "--algo.kl.estimator", "k3")) == []
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 

@@ -6,7 +6,8 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
 - `replay`: advantage-prioritised replay (warm-up 1) with two DeepSpeed ranks and one vLLM
   engine, over two episodes of a prompt file whose size is not a multiple of the batch (cut to
   whole batches by the launch policy), checked from the ranks' own reports; final HF model; a
-  cosine LR schedule whose warm-up spans the first replayed step;
+  cosine LR schedule whose warm-up spans the first replayed step; KL as a loss (k3, a reference
+  model), so replayed rows train with their stored reference log-probs;
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
@@ -69,6 +70,7 @@ REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio"
 # 2 decay from the first step, at the full LR as before, to 0.
 REPLAY_LR = ["--actor.lr_scheduler", "cosine_with_min_lr", "--actor.lr_warmup_ratio", "0.5"]
 RLEP_LR = ["--actor.lr_scheduler", "cosine"]
+KL_LOSS = ["--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"]  # the replay run's
 
 
 def _prompts(path: Path, n: int = 32) -> list[str]:
@@ -130,7 +132,7 @@ def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data),
             "--data.max_samples", str(whole_batches(count_rows(str(data)), 4)),
             "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
-            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR]
+            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS]
 
 
 def _build_pool(tmp: Path, model: Path) -> Path:
@@ -169,6 +171,19 @@ def test_replayed_rollouts_were_in_the_training_batches(runs):
     assert _by_step(run, "replay/is_replayed")[2] == pytest.approx(8 / 24)
     assert _by_step(run, "replay/clip_frac_replay")[2] >= 0  # split statistics from the actors' loss
     assert _by_step(run, "replay/size")[2] > 0
+
+
+def test_kl_as_a_loss_trains_and_is_logged_for_fresh_and_replayed_rows(runs):
+    """The replay run has KL as a loss: every replayed row brings its stored reference log-probs
+    (zeros in their place would show as a KL far above the fresh rows'). Both kinds' KL to the
+    reference is logged per step; after step 1's update (LR 1e-3) the policy has moved from it."""
+    run = runs["replay"]
+    fresh, replayed = _by_step(run, "replay/kl_fresh"), _by_step(run, "replay/kl_replay")
+    assert set(fresh) == {1, 2, 3, 4} and set(replayed) == {2, 3, 4}
+    for step in (2, 3, 4):
+        assert math.isfinite(replayed[step]) and 0 < replayed[step] < 1, (step, replayed, fresh)
+        assert 0 < fresh[step] < 1
+    assert "kl_fresh" not in runs["control"]["log"]  # mode none logs upstream's keys only
 
 
 def test_losses_are_finite_and_the_weights_changed(runs):

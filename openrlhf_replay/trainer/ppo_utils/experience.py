@@ -23,19 +23,34 @@ AGE_KEY = "replay/row_age"  # info key: steps since the row was generated (0 for
 INERT_KEY = "replay/is_inert"  # info key: 1.0 on rows without loss that complete RLEP's last batch
 
 
-def experiences_to_rollouts(experiences: list[Experience], version: int, n_samples_per_prompt: int) -> RolloutBatch:
+def kl_token_columns(args) -> tuple[str, ...]:
+    """The optional per-token columns a stored rollout needs for the run's KL (docs/METHOD.md
+    section 2, "KL"): its per-token advantage when KL is in the reward (upstream's default), the
+    reference model's log-probs when KL is a loss (`--algo.kl.use_loss`); none with KL off."""
+    if args.algo.kl.init_coef <= 0:
+        return ()
+    return ("ref_logprobs",) if args.algo.kl.use_loss else ("token_advantages",)
+
+
+def experiences_to_rollouts(experiences: list[Experience], version: int, n_samples_per_prompt: int, *,
+                            token_columns: tuple[str, ...] = (), kl_coef: float = 0.0) -> RolloutBatch:
     """The rollouts of a step's fresh experiences, in row order, after their advantages are computed.
 
     Behaviour log-probs are `action_log_probs`: the training model's log-probs of the generated
-    tokens before this step's update, which upstream's PPO ratio uses as pi_old. The frozen
-    advantage is the value at the row's first action token (the same on all its action tokens for
-    the group estimators with KL off, the only setting replay accepts).
+    tokens before this step's update, which upstream's PPO ratio uses as pi_old. The per-rollout
+    advantage (the sampler's |A|, the keep rule's A != 0) is the group-normalised reward: the value
+    at the row's first action token, the same on all its action tokens with KL off. With KL in the
+    reward (`token_columns` holds "token_advantages") the per-token advantages are stored as they
+    are, and the KL penalty upstream folded into the first token's value, `kl_coef` x the row's
+    summed KL (its `info["kl"]` mean x action tokens), is added back for the per-rollout one. With
+    KL as a loss ("ref_logprobs") the reference model's log-probs are stored.
     """
-    parts = [_rows_of(exp, version, n_samples_per_prompt) for exp in experiences]
+    parts = [_rows_of(exp, version, n_samples_per_prompt, token_columns, kl_coef) for exp in experiences]
     return RolloutBatch.concat(parts)
 
 
-def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int) -> RolloutBatch:
+def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int, token_columns: tuple[str, ...] = (),
+             kl_coef: float = 0.0) -> RolloutBatch:
     """One micro-batch's rows as rollouts, without a loop over rows (but for the prompt hashes)."""
     sequences = exp.sequences.cpu()  # (B, T)
     lengths = exp.attention_mask.sum(-1).cpu()  # (B,) prompt + response
@@ -57,7 +72,14 @@ def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int) -> Rollou
     uids = [prompt_uid(prompt_ids[a:b]) for a, b in zip(prompt_offsets[:-1], prompt_offsets[1:])]
     # Upstream numbers a step's rollouts in prompt-major order (`split_rollout_samples`).
     groups = (version << 32) + np.asarray(exp.index, np.int64) // n_samples_per_prompt
-    return RolloutBatch(
+    extra = {}
+    if "token_advantages" in token_columns:
+        extra["token_advantages"] = exp.advantages.float().cpu()[scored].numpy()
+        penalty = kl_coef * exp.info["kl"].float().cpu() * exp.action_mask.float().cpu().sum(-1)  # (B,)
+        advantages = advantages + penalty
+    if "ref_logprobs" in token_columns:
+        extra["ref_logprobs"] = exp.base_action_log_probs.float().cpu()[scored].numpy()
+    return RolloutBatch(**extra,
         prompt_ids=prompt_ids, prompt_offsets=prompt_offsets,
         response_ids=sequences[response_part].numpy().astype(np.int32),
         response_offsets=np.r_[0, np.cumsum(response_lengths)].astype(np.int64),
@@ -77,18 +99,21 @@ def rollouts_to_experiences(
     *,
     step: int,
     is_weights: np.ndarray | None = None,
+    kl_coef: float = 0.0,
 ) -> list[Experience]:
     """Replayed rollouts as Experience micro-batches shaped like `template` (a fresh one).
 
     Upstream batches items by the first item's fields (`make_experience_batch`), and the actor's
     DataLoader shuffles fresh and replayed rows together: a replayed Experience must have exactly
     the fresh ones' non-None fields and info keys. Its loss inputs are `replayed_loss_inputs`;
-    fields the store does not keep (per-row KL, truncation, prompt strings) are zeros / empty.
+    fields the store does not keep (truncation, prompt strings) are zeros / empty. With KL in the
+    reward, `info["kl"]` is the row's KL at generation, read back from its stored advantages
+    (group advantage - first token's = `kl_coef` x summed KL).
     """
     weights = np.ones(len(rollouts), np.float32) if is_weights is None else np.asarray(is_weights, np.float32)
     return [
         _to_experience(rollouts.select(np.arange(lo, min(lo + micro_batch_size, len(rollouts)))),
-                       weights[lo : lo + micro_batch_size], template, pad_token_id, step)
+                       weights[lo : lo + micro_batch_size], template, pad_token_id, step, kl_coef)
         for lo in range(0, len(rollouts), micro_batch_size)
     ]
 
@@ -107,19 +132,28 @@ def replayed_loss_inputs(padded: dict[str, np.ndarray], advantages: np.ndarray,
       stale they are equal to pi_old and the weight is 1.
     - `advantages` and `returns` (GRPO has no critic): the frozen advantage A, from the rollout's
       own fresh group, times the sampler's importance weight w (freshness's (N P(i))^-beta / max,
-      1 elsewhere), on every action token. For w > 0, min(r wA, clip(r) wA) = w min(rA, clip(r) A):
+      1 elsewhere), on every action token; with KL in the reward, the stored per-token advantage
+      (KL penalty included) times w. For w > 0, min(r wA, clip(r) wA) = w min(rA, clip(r) A):
       w scales the rollout's loss and leaves its clip alone.
     - `action_mask`: the stored mask, in upstream's columns (column j scores token j + 1).
+    - `base_action_log_probs` (with KL as a loss): the stored reference log-probs.
     """
     action_mask = torch.from_numpy(padded["action_mask"])
     behaviour = torch.from_numpy(padded["behaviour_logprobs"])
     advantage = torch.from_numpy(advantages * is_weights)  # (B,)
-    per_token = advantage[:, None] * action_mask.float()
-    return {"action_mask": action_mask, "action_log_probs": behaviour, "rollout_log_probs": behaviour.clone(),
-            "advantages": per_token, "returns": per_token.clone(), "advantage": advantage}
+    if "token_advantages" in padded:
+        per_token = torch.from_numpy(padded["token_advantages"] * is_weights[:, None]) * action_mask.float()
+    else:
+        per_token = advantage[:, None] * action_mask.float()
+    out = {"action_mask": action_mask, "action_log_probs": behaviour, "rollout_log_probs": behaviour.clone(),
+           "advantages": per_token, "returns": per_token.clone(), "advantage": advantage}
+    if "ref_logprobs" in padded:
+        out["base_action_log_probs"] = torch.from_numpy(padded["ref_logprobs"])
+    return out
 
 
-def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience, pad_token_id: int, step: int):
+def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience, pad_token_id: int, step: int,
+                   kl_coef: float = 0.0):
     n = len(part)
     padded = part.to_padded(pad_token_id)  # right-padded prompt + response, upstream's layout
     loss = replayed_loss_inputs(padded, part.advantages, weights)
@@ -166,9 +200,21 @@ def _to_experience(part: RolloutBatch, weights: np.ndarray, template: Experience
             info[key] = torch.from_numpy(weights).to(like.dtype)
         elif key == AGE_KEY:
             info[key] = torch.from_numpy((step - part.versions).astype(np.float32)).to(like.dtype)
+        elif key == "kl" and part.token_advantages is not None and kl_coef > 0:
+            info[key] = torch.from_numpy(generation_kl(part, padded, kl_coef)).to(like.dtype)
         else:  # per-row statistics of the generation step (kl, clip ratio, ...): not stored
             info[key] = torch.zeros(n, dtype=like.dtype)
     return Experience(**kwargs, info=info)
+
+
+def generation_kl(part: RolloutBatch, padded: dict[str, np.ndarray], kl_coef: float) -> np.ndarray:
+    """(B,) each row's mean KL at generation (upstream's `info["kl"]`), with KL in the reward: the
+    penalty its first action token carries, group advantage - stored per-token advantage, over
+    `kl_coef` and its action tokens."""
+    mask = padded["action_mask"]
+    first = np.where(mask.any(-1), mask.argmax(-1), 0)
+    penalty = part.advantages - padded["token_advantages"][np.arange(len(part)), first]
+    return (penalty / kl_coef / np.maximum(mask.sum(-1), 1)).astype(np.float32)
 
 
 def per_kind(name: str, value: torch.Tensor, replayed: torch.Tensor, kind: str,

@@ -61,7 +61,9 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         args = self.args
         mark_fresh(fresh)
         # 2. The buffer's step: evict by age, draw from earlier steps, store the fresh rollouts.
-        rollouts = experiences_to_rollouts(fresh, self.step, args.rollout.n_samples_per_prompt)
+        kl_coef = self.kl_ctl.value
+        rollouts = experiences_to_rollouts(fresh, self.step, args.rollout.n_samples_per_prompt,
+                                           token_columns=self.replay.token_columns, kl_coef=kl_coef)
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
                                 divide_by_std=args.algo.advantage.estimator != "dr_grpo")
         if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
@@ -71,7 +73,8 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         per_rank = []
         for rows, weights, inert in replayed_for_ranks(comp, data_parallel_ranks(args)):
             part = rollouts_to_experiences(rows, fresh[0], args.rollout.micro_batch_size,
-                                           self.tokenizer.pad_token_id, step=self.step, is_weights=weights)
+                                           self.tokenizer.pad_token_id, step=self.step, is_weights=weights,
+                                           kl_coef=kl_coef)
             set_row_flags(part, INERT_KEY, inert)
             per_rank.append(part)
         self.replay_seconds = time.perf_counter() - t0
@@ -136,9 +139,10 @@ def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
     action mask False (no loss, no token in the token-mean's count), advantage and reward 0.
     They fill the last training batch of a step so that every rank runs whole optimizer steps."""
     i = int(np.argmin(like.prompt_lengths + like.response_lengths))
-    return RolloutBatch.from_lists(
+    rows = RolloutBatch.from_lists(
         [like.prompt(i)] * n, [like.response(i)[:1]] * n, [[False]] * n, [[0.0]] * n, [0.0] * n, [0.0] * n,
         [int(like.prompt_uids[i])] * n, [int(like.group_ids[i])] * n, int(like.versions[i]))
+    return rows.replace(**{c: np.zeros(n, np.float32) for c in like.token_columns})  # KL's columns, 0
 
 
 def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]]) -> list[Experience]:

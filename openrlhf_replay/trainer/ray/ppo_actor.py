@@ -26,6 +26,7 @@ from __future__ import annotations
 import ray
 import torch
 from openrlhf.models import PolicyLoss
+from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
@@ -60,9 +61,13 @@ def _replayed_rows(info: dict, device=None, key: str = REPLAYED_KEY) -> torch.Te
 
 class SplitStatsPolicyLoss(PolicyLoss):
     """Upstream's `PolicyLoss` (same loss, same return), which also writes per-row clip and ratio
-    statistics, per kind of row, into the info dict of the micro-batch being trained (`row_info`)."""
+    statistics, per kind of row, into the info dict of the micro-batch being trained (`row_info`);
+    with KL as a loss (`row_ref_log_probs` set), each row's KL to the reference model too, as the
+    KL loss computes it (`replay/kl_fresh`, `replay/kl_replay`)."""
 
     row_info: dict | None = None
+    row_ref_log_probs: torch.Tensor | None = None  # (B, T - 1) the micro-batch's base_action_log_probs
+    kl_estimator: str = "k1"
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, **kwargs):
         out = super().forward(log_probs, old_log_probs, advantages, action_mask=action_mask, **kwargs)
@@ -71,7 +76,12 @@ class SplitStatsPolicyLoss(PolicyLoss):
             replayed, inert = _replayed_rows(info), _replayed_rows(info, key=INERT_KEY)
             stats = row_ratio_stats(log_probs, old_log_probs, advantages, action_mask,
                                     self.clip_eps_low, self.clip_eps_high)
-            for name, value in zip(("clip_frac", "ratio_mean", "abs_log_ratio"), stats):
+            names = ["clip_frac", "ratio_mean", "abs_log_ratio"]
+            if self.row_ref_log_probs is not None:
+                kl = compute_approx_kl(log_probs.detach(), self.row_ref_log_probs, kl_estimator=self.kl_estimator)
+                mask = action_mask.float()
+                stats, names = (*stats, (kl * mask).sum(-1) / mask.sum(-1).clamp(min=1)), names + ["kl"]
+            for name, value in zip(names, stats):
                 info.update(per_kind(f"replay/{name}_fresh", value.cpu(), replayed, "fresh"))
                 info.update(per_kind(f"replay/{name}_replay", value.cpu(), replayed, "replay", inert))
         return out
@@ -84,28 +94,38 @@ class ReplayActorPPOTrainer(ActorPPOTrainer):
         self.actor_loss_fn.__class__ = SplitStatsPolicyLoss  # same state, one extra behaviour
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
+        kl = self.args.algo.kl
         self.actor_loss_fn.row_info = experience.info
+        if kl.use_loss and kl.init_coef > 0:  # KL as a loss: its per-row value, per kind of row
+            self.actor_loss_fn.row_ref_log_probs = experience.base_action_log_probs
+            self.actor_loss_fn.kl_estimator = kl.estimator
         try:
             status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
-            self.actor_loss_fn.row_info = None
+            self.actor_loss_fn.row_info = self.actor_loss_fn.row_ref_log_probs = None
         if REPLAYED_KEY in experience.info:
+            # KL in the reward: `info["kl"]` is each row's KL at generation, carried by replayed rows too.
+            carried = REPLAYED_ROW_STATS + (("kl",) if kl.init_coef > 0 and not kl.use_loss else ())
             split_generation_stats(status, _replayed_rows(experience.info),
-                                   _replayed_rows(experience.info, key=INERT_KEY))
+                                   _replayed_rows(experience.info, key=INERT_KEY), carried)
         return status
 
 
-def split_generation_stats(status: dict, replayed: torch.Tensor, inert: torch.Tensor | None = None) -> None:
+def split_generation_stats(status: dict, replayed: torch.Tensor, inert: torch.Tensor | None = None,
+                           carried: tuple[str, ...] = REPLAYED_ROW_STATS) -> None:
     """In a `training_step` result, replace each per-row statistic of generation (upstream's
     sample-weighted keys; not this project's `replay/` keys) by its fresh-rows part, and add the
-    replayed-rows part of those a stored rollout carries (`REPLAYED_ROW_STATS`)."""
+    replayed-rows part of those a stored rollout carries (`carried`; `kl` also as `replay/kl_fresh`,
+    the name KL as a loss logs it under)."""
     metrics, weights = status["metrics"], status["weights"]
     for key in [k for k, w in weights.items() if w == "sample" and not k.startswith("replay/")]:
         value = metrics.pop(key).float().reshape(-1)
         del weights[key]
         parts = per_kind(key, value, replayed, "fresh")
-        if key in REPLAYED_ROW_STATS:
+        if key in carried:
             parts |= per_kind(f"replay/{key}_replay", value, replayed, "replay", inert)
+        if key == "kl" and key in carried:
+            parts |= per_kind("replay/kl_fresh", value, replayed, "fresh")
         metrics.update(parts)
         weights.update(dict.fromkeys(parts, "sample"))
 
