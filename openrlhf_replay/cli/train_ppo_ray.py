@@ -114,9 +114,6 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     if config.mode == "success" and estimator not in RLEP_ESTIMATORS:
         errors.append(f"--replay.mode success recomputes group advantages as {' or '.join(RLEP_ESTIMATORS)}, "
                       f"not {estimator}; pass --algo.advantage.estimator group_norm")
-    if args.train.dynamic_batch_enable:
-        errors.append("--train.dynamic_batch_enable sizes micro-batches from the fresh rollouts and silently drops "
-                      "the rest; turn it off to train on replayed rollouts")
     if args.train.async_enable:
         errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
                       "this project does not extend); turn it off")

@@ -39,7 +39,6 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
 
 @pytest.mark.parametrize("extra, fragment", [
     (["--algo.advantage.estimator", "gae"], "needs a critic"),
-    (["--train.dynamic_batch_enable"], "dynamic_batch_enable"),
     (["--train.async_enable"], "async_enable"),
     (["--algo.kl.init_coef", "0.01"], "KL must be off"),
     (["--replay.off_policy", "refresh"], "is_correction_level"),
@@ -66,6 +65,8 @@ def test_a_valid_replay_configuration_passes(make_args):
     # a decaying LR schedule: the actor paces it by rollout steps (openrlhf_replay/trainer/lr_schedule.py)
     for mode in ("advantage", "success"):
         assert replay_arg_errors(make_args("--replay.mode", mode, "--actor.lr_scheduler", "cosine_with_min_lr")) == []
+    # dynamic batching: the actor packs replayed rows with the fresh (trainer/ray/dynamic_batch.py)
+    assert replay_arg_errors(make_args("--replay.mode", "advantage", "--train.dynamic_batch_enable")) == []
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 
