@@ -70,9 +70,9 @@ REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio"
 # 2 decay from the first step, at the full LR as before, to 0.
 REPLAY_LR = ["--actor.lr_scheduler", "cosine_with_min_lr", "--actor.lr_warmup_ratio", "0.5"]
 RLEP_LR = ["--actor.lr_scheduler", "cosine"]
-# Dynamic batching (upstream packs the samples; sdpa on CPU): rows of ~50 tokens, so a rank's 4-row
-# share of a training batch of 8 is packed into several micro-batches, replayed rows as fresh ones.
-DYNAMIC_BATCH = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "128"]
+# Dynamic batching (upstream packs the samples; sdpa on CPU): rows of ~75 tokens, two to a budget of
+# 160, so a rank's 4-row share of a training batch of 8 trains as 2 micro-batches, replayed rows too.
+DYNAMIC_BATCH = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "160"]
 
 
 def _prompts(path: Path, n: int = 32) -> list[str]:
