@@ -103,9 +103,10 @@ def replay_arg_errors(args) -> list[str]:
 
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
-    """Upstream training features replay cannot run with (a critic, KL RLEP cannot carry, dynamic or
-    async batches, refresh without upstream's clipped IS correction). Any LR schedule runs: the actor
-    paces it by rollout steps (`openrlhf_replay/trainer/lr_schedule.py`)."""
+    """Upstream training features replay cannot run with (a critic, KL RLEP cannot carry, dynamic
+    filtering, async training, refresh without upstream's clipped IS correction). Any LR schedule
+    runs (the actor paces it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and so does
+    dynamic batching (`openrlhf_replay/trainer/ray/dynamic_batch.py`)."""
     errors = []
     estimator = args.algo.advantage.estimator
     if estimator in UNSUPPORTED_ESTIMATORS:
@@ -114,9 +115,6 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     if config.mode == "success" and estimator not in RLEP_ESTIMATORS:
         errors.append(f"--replay.mode success recomputes group advantages as {' or '.join(RLEP_ESTIMATORS)}, "
                       f"not {estimator}; pass --algo.advantage.estimator group_norm")
-    if args.train.dynamic_batch_enable:
-        errors.append("--train.dynamic_batch_enable sizes micro-batches from the fresh rollouts and silently drops "
-                      "the rest; turn it off to train on replayed rollouts")
     if args.train.async_enable:
         errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
                       "this project does not extend); turn it off")

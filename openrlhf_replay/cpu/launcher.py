@@ -121,10 +121,11 @@ def arg_errors(args) -> list[str]:
     if not vllm.enforce_eager:
         errors.append("--vllm.enforce_eager is needed on CPU (otherwise vLLM compiles graphs for minutes before "
                       "generating); pass --vllm.enforce_eager")
-    if "flash" in str(ds.attn_implementation) or ds.packing_samples or ds.ring_attn_size > 1:
-        errors.append(f"--ds.attn_implementation {ds.attn_implementation} / --ds.packing_samples / "
-                      "--ds.ring_attn_size need flash-attention kernels (CUDA); pass --ds.attn_implementation sdpa "
-                      "and drop packing and ring attention")
+    if "flash" in str(ds.attn_implementation) or ds.ring_attn_size > 1:
+        # Packed samples (--ds.packing_samples, or upstream's with dynamic batching) run with sdpa:
+        # patches.patch_deepspeed_strategy undoes upstream's switch to flash-attention for them.
+        errors.append(f"--ds.attn_implementation {ds.attn_implementation} / --ds.ring_attn_size need "
+                      "flash-attention kernels (CUDA); pass --ds.attn_implementation sdpa and drop ring attention")
     if ds.param_dtype != "bf16":
         errors.append(f"--ds.param_dtype {ds.param_dtype}: CPUs have no fast fp16 kernels; the CPU platform computes "
                       f"in bf16 where the CPU has native bf16 and in fp32 elsewhere ({DTYPE_ENV} overrides): pass "

@@ -255,6 +255,21 @@ def patch_deepspeed_strategy(module) -> None:
         return loader
 
     strategy.setup_dataloader = _adapted(original_loader, setup_dataloader)
+    original_init = strategy.__init__
+
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        ds = self.args.ds
+        if "flash" in str(ds.attn_implementation):
+            # Upstream's CLI turns --train.dynamic_batch_enable into packed samples and then asks for
+            # flash_attention_2, after the launcher's checks. No flash kernel is needed for packed rows
+            # here: with no mask and no KV cache (upstream's Actor turns the cache off), transformers'
+            # sdpa keeps the rows apart by their position ids (tests/openrlhf_replay/test_cpu_platform.py).
+            print(f"cpu platform: attention sdpa (upstream set {ds.attn_implementation} for packed samples)",
+                  flush=True)
+            ds.attn_implementation = "sdpa"
+
+    strategy.__init__ = _adapted(original_init, __init__)
 
 
 def patch_replay_buffer(module) -> None:

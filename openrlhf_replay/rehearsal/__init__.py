@@ -26,7 +26,10 @@ the log-prob forward (random log-probs), rewards (each prompt has a fixed P(corr
 around a mean solve rate, `--solve-rate`, so groups with none, some and all correct occur) and
 the rank's training (its rows counted into micro-batches as its dataloader would, drop_last, and
 an optimizer step counted, and the real LR scheduler stepped, every `accumulation` micro-batches,
-as DeepSpeed does; a partial window carries over into the next step, as DeepSpeed's would).
+as DeepSpeed does; a partial window carries over into the next step, as DeepSpeed's would; with
+`--train.dynamic_batch_enable`, one optimizer step per local training batch of its rows, as the
+replay actor's `AllRowsReplayBuffer` takes them: its packing by tokens, which sets only the
+micro-batch count, is not modelled, so `micro_batches_per_rank` counts received Experiences).
 
 Other shapes of the same run (`--shape "<flags>"`, e.g. another GPU count and the micro-batch
 sizes that go with it) are rehearsed alongside, as shadows: they see the same steps, the same

@@ -265,7 +265,7 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
         shadow.group = actor_group(shadow.ranks, shadow.args.ds.ring_attn_size * shadow.args.ds.tensor_parallel_size)
     trainer = _build(cls, copy.deepcopy(args), tokenizer_dir, ranks, settings, rng, record, shadows)
     max_steps = trainer.get_max_steps()
-    ranks[0].scheduler = _scheduler(args, max_steps)
+    ranks[0].scheduler, ranks[0].peers = _scheduler(args, max_steps), ranks
     if replay.enabled:  # as the replay policy actor does
         from openrlhf_replay.trainer.lr_schedule import pace_by_rollout_steps
 

@@ -73,6 +73,7 @@ class Rank:
     def __init__(self, rank: int, args, accumulation: int, rng) -> None:
         self.rank, self.args, self.accumulation, self.rng = rank, args, accumulation, rng
         self.scheduler = None  # rank 0 steps the run's LR scheduler (set once its length is known)
+        self.peers: list[Rank] = []  # the group's ranks (rank 0 paces the scheduler by their rows)
         self.lr_positions: list[float] = []  # the schedule's position after each rollout step (rank 0)
         self.strategy = SimpleNamespace(is_rank_0=lambda: False)  # upstream's execute_batch reads it
         self.pending = 0  # micro-batches of an unfinished accumulation window (DeepSpeed keeps them)
@@ -90,21 +91,29 @@ class Rank:
         """Upstream's actor splits each Experience into its rows (`NaiveReplayBuffer.append`)."""
         from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY
 
-        flags = experience.info.get(REPLAYED_KEY)
-        replayed = flags is not None and bool(flags.bool().any())
-        self.received["replayed" if replayed else "fresh"] += 1
+        flags = experience.info.get(REPLAYED_KEY)  # a list after upstream's balance_experiences
+        replayed_rows = 0 if flags is None else int(torch.as_tensor(flags).bool().sum())
+        self.received["replayed" if replayed_rows else "fresh"] += 1
         self.received["rows"] += len(experience.sequences)
-        self.received["replayed_rows"] += len(experience.sequences) if replayed else 0
+        self.received["replayed_rows"] += replayed_rows
 
     def fit(self, kl_ctl: float = 0) -> dict:
         """Upstream's `ppo_train`: a DataLoader of train.micro_batch_size over the rows, drop_last, once
         per epoch; DeepSpeed steps the optimizer every `accumulation` micro-batches."""
         got, micro = self.received, self.args.train.micro_batch_size
-        micro_batches = got["rows"] // micro * self.args.train.max_epochs
-        self.pending += micro_batches
-        optimizer_steps, self.pending = divmod(self.pending, self.accumulation)
-        if self.scheduler is not None:
-            self._step_scheduler(optimizer_steps, got["rows"] - got["replayed_rows"], got["rows"])
+        if self.args.train.dynamic_batch_enable:  # the actor's AllRowsReplayBuffer (dynamic_batch.py)
+            # one optimizer step per local training batch of rows; the packing by tokens, which sets
+            # only how many micro-batches a step takes, is not modelled
+            micro = self.args.train.batch_size // data_parallel_ranks(self.args)
+            optimizer_steps = got["rows"] // micro * self.args.train.max_epochs
+        else:
+            micro_batches = got["rows"] // micro * self.args.train.max_epochs
+            self.pending += micro_batches
+            optimizer_steps, self.pending = divmod(self.pending, self.accumulation)
+        if self.scheduler is not None:  # paced by the step's rows summed over the ranks, as the actor does
+            peers = self.peers or [self]
+            rows = sum(r.received["rows"] for r in peers)  # rank 0 fits first: the others still hold theirs
+            self._step_scheduler(optimizer_steps, rows - sum(r.received["replayed_rows"] for r in peers), rows)
         self.steps.append({"fresh_micro_batches": got["fresh"], "replayed_micro_batches": got["replayed"],
                            "rows": got["rows"], "replayed_rows": got["replayed_rows"],
                            "dropped_rows": got["rows"] % micro, "optimizer_steps": optimizer_steps,

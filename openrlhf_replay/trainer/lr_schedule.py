@@ -33,7 +33,8 @@ class RolloutPacedLR(LambdaLR):
     position: float
 
     def pace(self, fresh_rows: int, rows: int) -> None:
-        """Before a rollout step's training: this rank trains on `rows` rows, `fresh_rows` of them fresh."""
+        """Before a rollout step's training: it trains on `rows` rows, `fresh_rows` of them fresh
+        (only the share matters; the actor passes sums over the ranks, the same on every rank)."""
         if not 0 < fresh_rows <= rows:
             raise ValueError(f"a rollout step trains on {fresh_rows} fresh of {rows} rows: need 0 < fresh <= rows")
         self.rollout_step_start = self.position

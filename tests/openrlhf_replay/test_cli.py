@@ -39,7 +39,6 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
 
 @pytest.mark.parametrize("extra, fragment", [
     (["--algo.advantage.estimator", "gae"], "needs a critic"),
-    (["--train.dynamic_batch_enable"], "dynamic_batch_enable"),
     (["--train.async_enable"], "async_enable"),
     (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz", "--algo.kl.init_coef", "0.001",
@@ -72,6 +71,8 @@ def test_a_valid_replay_configuration_passes(make_args):
     assert replay_arg_errors(make_args("--replay.mode", "advantage", "--algo.kl.init_coef", "0.01")) == []
     assert replay_arg_errors(make_args("--replay.mode", "success", "--algo.kl.init_coef", "0.001",
                                        "--algo.kl.use_loss", "--algo.kl.estimator", "k3")) == []
+    # dynamic batching: the actor packs replayed rows with the fresh (trainer/ray/dynamic_batch.py)
+    assert replay_arg_errors(make_args("--replay.mode", "advantage", "--train.dynamic_batch_enable")) == []
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 

@@ -193,7 +193,7 @@ def test_a_cpu_ready_command_line_passes(make_args):
     ({"--vllm.tensor_parallel_size": "2"}, "--vllm.tensor_parallel_size 1"),
     ({"--vllm.enforce_eager": False}, "pass --vllm.enforce_eager"),
     ({"--ds.attn_implementation": "flash_attention_2"}, "flash-attention"),
-    ({"--ds.packing_samples": None}, "flash-attention"),
+    ({"--ds.ring_attn_size": "2"}, "flash-attention"),
     ({"--ds.param_dtype": "fp16"}, "no fast fp16 kernels"),
     ({"--ds.adam_offload": None}, "already"),
     ({"--train.enable_ema": None}, "EMA"),
@@ -202,6 +202,31 @@ def test_a_cpu_ready_command_line_passes(make_args):
 def test_what_the_cpu_cannot_run_is_refused_with_its_fix(make_args, change, fragment):
     errors = launcher.arg_errors(make_args(*_argv({**CPU_OK, **change})))
     assert any(fragment in e for e in errors), errors
+
+
+def test_packed_samples_run_with_sdpa(make_args, tmp_path):
+    """Upstream packs samples with dynamic batching and then asks for flash-attention; the platform
+    accepts packing and trains it with sdpa, whose log-probs through upstream's Actor equal the
+    padded batch's: transformers keeps packed rows apart by their position ids."""
+    import torch
+    from openrlhf.models import Actor
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    assert launcher.arg_errors(make_args(*_argv({**CPU_OK, "--ds.packing_samples": None}))) == []
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=32, intermediate_size=128)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    lengths = [9, 5, 7]  # real tokens per row, right-padded to 9
+    sequences = torch.randint(1, 64, (3, 9))
+    attention_mask = (torch.arange(9) < torch.tensor(lengths)[:, None]).long()
+    action_mask = attention_mask[:, 1:][:, -4:].bool()
+    log_probs = []
+    for packed in (False, True):
+        actor = Actor(str(tmp_path), attn_implementation="sdpa", packing_samples=packed)
+        actor.model.float()  # exact comparison: fp32 (upstream loads bf16 or fp16 only)
+        log_probs.append(actor(sequences, action_mask, attention_mask=attention_mask))
+    assert torch.allclose(log_probs[0], log_probs[1], atol=1e-5), (log_probs[0] - log_probs[1]).abs().max()
 
 
 def test_an_unknown_device_value_stops_the_launcher(monkeypatch):

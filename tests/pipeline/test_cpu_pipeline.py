@@ -7,7 +7,8 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
   engine, over two episodes of a prompt file whose size is not a multiple of the batch (cut to
   whole batches by the launch policy), checked from the ranks' own reports; final HF model; a
   cosine LR schedule whose warm-up spans the first replayed step; KL as a loss (k3, a reference
-  model), so replayed rows train with their stored reference log-probs;
+  model), so replayed rows train with their stored reference log-probs; dynamic batching
+  (token-budget micro-batches, replayed rows packed as fresh ones);
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
@@ -71,6 +72,9 @@ REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio"
 REPLAY_LR = ["--actor.lr_scheduler", "cosine_with_min_lr", "--actor.lr_warmup_ratio", "0.5"]
 RLEP_LR = ["--actor.lr_scheduler", "cosine"]
 KL_LOSS = ["--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"]  # the replay run's
+# Dynamic batching (upstream packs the samples; sdpa on CPU): rows of ~75 tokens, two to a budget of
+# 160, so a rank's 4-row share of a training batch of 8 trains as 2 micro-batches, replayed rows too.
+DYNAMIC_BATCH = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "160"]
 
 
 def _prompts(path: Path, n: int = 32) -> list[str]:
@@ -132,7 +136,7 @@ def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data),
             "--data.max_samples", str(whole_batches(count_rows(str(data)), 4)),
             "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
-            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS]
+            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS, *DYNAMIC_BATCH]
 
 
 def _build_pool(tmp: Path, model: Path) -> Path:
@@ -235,15 +239,19 @@ def test_every_process_computes_in_the_chosen_dtype(runs):
 
 def test_two_ranks_train_alike_across_an_episode_boundary(runs):
     """Each rank reports what it trained on; the controller logs the min and max over ranks. Equal
-    means balanced: the same fresh and replayed micro-batches, the same optimizer steps, and the
-    same weights (ZeRO-2 keeps a full copy on every rank)."""
+    means balanced: the same rows and optimizer steps, and the same weights (ZeRO-2 keeps a full
+    copy on every rank). With dynamic batching, upstream deals the rows by length (one Experience
+    a rank, fresh and replayed mixed) and packs them by tokens; every fresh and replayed row, summed
+    over the ranks, reached the loss (upstream's own packing trained only the fresh steps' worth)."""
     run = runs["replay"]
     assert sorted(_by_step(run, "policy_loss")) == [1, 2, 3, 4]  # two episodes of two steps
-    for name, expected in (("fresh_micro_batches", {1: 2, 2: 2, 3: 2, 4: 2}),  # 16 fresh rows / 4 / 2 ranks
-                           ("replayed_micro_batches", {1: 0, 2: 1, 3: 1, 4: 1}),  # 8 replayed / 4 / 2 ranks
+    for name, expected in (("trained_rows", {1: 8, 2: 12, 3: 12, 4: 12}),  # (16 fresh + 8 replayed) / 2 ranks
                            ("optimizer_steps", {1: 2, 2: 3, 3: 3, 4: 3})):  # batches of 8 rows
         low, high = _by_step(run, f"replay/rank_{name}_min"), _by_step(run, f"replay/rank_{name}_max")
         assert low == high == expected, (name, low, high)
+    assert _by_step(run, "replay/trained_rows_fresh") == {1: 16, 2: 16, 3: 16, 4: 16}
+    assert _by_step(run, "replay/trained_rows_replayed") == _by_step(run, "replay/replayed") == {1: 0, 2: 8, 3: 8, 4: 8}
+    assert "cpu platform: attention sdpa (upstream set flash_attention_2 for packed samples)" in run["log"]
     low, high = _by_step(run, "replay/rank_weights_checksum_min"), _by_step(run, "replay/rank_weights_checksum_max")
     assert sorted(low) == [1, 2, 3, 4] and low == high, (low, high)
     assert len(set(low.values())) == 4  # the weights did change each step: the checksum sees it

@@ -41,11 +41,11 @@ OFF_POLICY = {"train_grpo": None, "train_grpo_replay": "stale", "train_grpo_naiv
               "train_grpo_success_replay": "recompute"}
 
 
-def _rehearse(script: str, data: Path, tmp: Path, **env) -> tuple[dict, str]:
+def _rehearse(script: str, data: Path, tmp: Path, *flags: str, **env) -> tuple[dict, str]:
     full_env = {k: v for k, v in os.environ.items() if k not in ("MODEL", "NUM_GPUS", "NUM_NODES", "OUTPUT_DIR")}
     full_env.update(PYTHON=sys.executable, RUNS_DIR=str(tmp / "runs"), RAY_ADDRESS="", DATA=str(data), **env)
-    proc = subprocess.run(["bash", str(SCRIPTS / f"{script}.sh")], env=full_env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=1200)
+    proc = subprocess.run(["bash", str(SCRIPTS / f"{script}.sh"), *flags], env=full_env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1200)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr + proc.stdout
 
@@ -133,6 +133,25 @@ def test_the_real_dataset_is_cut_to_whole_batches_and_walked_through(tmp_path):
     assert report["steps_per_episode"] == [58] and report["steps_completed"] == 58
     assert set(report["optimizer_steps_per_rank"]) == {4 * 58 + 2 * (58 - 20)}
     assert report["resumed_at"] == 40
+
+
+@pytest.mark.parametrize("script", ["train_grpo_replay", "train_grpo_success_replay"])
+def test_dynamic_batching_trains_every_row_on_equal_steps(tmp_path, script):
+    """--train.dynamic_batch_enable, with a fixed replayed count and with RLEP's varying one (completed
+    by inert rows): upstream's controller deals the rows by length (`balance_experiences`), so the
+    ranks' fresh shares differ; each stand-in rank takes one optimizer step per local training batch,
+    as the actor's `AllRowsReplayBuffer` does (its packing by tokens is not modelled). No row is left
+    out, every rank takes the same steps, and the LR schedule, paced by the rows summed over the
+    ranks, ends on its end (paced by rank 0's own share it ended at 63.53 of 64 here)."""
+    subset = tmp_path / "subset.json"
+    subset.write_text(json.dumps(json.loads(DATA.read_text())[:SUBSET_PROMPTS]))
+    report, log = _rehearse(script, subset, tmp_path, "--train.dynamic_batch_enable",
+                            REHEARSE="1", REPLAY_WARMUP=str(WARMUP), REHEARSE_SOLVE_RATE=str(SOLVE_RATE))
+    assert report["crash"] is None and report["steps_completed"] == STEPS, log[-3000:]
+    assert set(report["rows_dropped_per_rank"]) == {0} and len(set(report["optimizer_steps_per_rank"])) == 1
+    replayed = sum(report["replayed_per_step"]["counts"])
+    assert replayed > 0 and report["optimizer_steps_per_rank"][0] >= 64 + replayed / BATCH_ROWS
+    assert report["lr_schedule_position_at_end"] == 64 and 63 <= report["lr_last_optimizer_step"]["position"] < 64
 
 
 @pytest.mark.parametrize("script", TRAINING)

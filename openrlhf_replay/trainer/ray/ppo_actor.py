@@ -31,6 +31,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
 from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REPLAYED_KEY, per_kind
+from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
 from openrlhf_replay.utils import undecorated
 from replay import ReplayConfig
 
@@ -92,6 +93,7 @@ class ReplayActorPPOTrainer(ActorPPOTrainer):
 
     def enable_split_stats(self) -> None:
         self.actor_loss_fn.__class__ = SplitStatsPolicyLoss  # same state, one extra behaviour
+        self.trained_rows = dict.fromkeys(TRAINED_KINDS, 0)
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         kl = self.args.algo.kl
@@ -106,9 +108,22 @@ class ReplayActorPPOTrainer(ActorPPOTrainer):
         if REPLAYED_KEY in experience.info:
             # KL in the reward: `info["kl"]` is each row's KL at generation, carried by replayed rows too.
             carried = REPLAYED_ROW_STATS + (("kl",) if kl.init_coef > 0 and not kl.use_loss else ())
+            count_trained_rows(self.trained_rows, experience.info)
             split_generation_stats(status, _replayed_rows(experience.info),
                                    _replayed_rows(experience.info, key=INERT_KEY), carried)
         return status
+
+
+TRAINED_KINDS = ("fresh", "replayed", "inert")
+
+
+def count_trained_rows(counts: dict, info: dict) -> None:
+    """Add a trained micro-batch's rows to `counts` by kind (`TRAINED_KINDS`): what reached the
+    loss, after upstream's (dynamic) micro-batching, so a dropped row shows as a shortfall."""
+    replayed, inert = _replayed_rows(info).bool(), _replayed_rows(info, key=INERT_KEY).bool()
+    counts["fresh"] += int((~replayed).sum())
+    counts["replayed"] += int((replayed & ~inert).sum())
+    counts["inert"] += int(inert.sum())
 
 
 def split_generation_stats(status: dict, replayed: torch.Tensor, inert: torch.Tensor | None = None,
@@ -140,6 +155,8 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
             self.trainer.__class__ = ReplayActorPPOTrainer
             self.trainer.enable_split_stats()
             pace_by_rollout_steps(self.actor_scheduler)  # after upstream has loaded a checkpoint's state
+            if strategy.args.train.dynamic_batch_enable:  # pack replayed rows too (dynamic_batch.py)
+                self.trainer.replay_buffer.__class__ = AllRowsReplayBuffer
 
     def append(self, experience):
         flags = experience.info.get(REPLAYED_KEY)
@@ -153,10 +170,19 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
         engine = self.actor.model
         steps_before = engine.global_steps
         if isinstance(self.actor_scheduler, RolloutPacedLR):
-            self.actor_scheduler.pace(self._received["fresh_rows"], self._received["rows"])
+            # Summed over the ranks: dynamic batching deals rows by length, not by kind, so one
+            # rank's fresh share may differ from another's; the LR must not.
+            rows = self.strategy.all_reduce({k: self._received[k] for k in ("fresh_rows", "rows")}, op="sum")
+            self.actor_scheduler.pace(round(rows["fresh_rows"]), round(rows["rows"]))
         status = super().fit(kl_ctl)
         mine = {"fresh_micro_batches": self._received["fresh"], "replayed_micro_batches": self._received["replayed"],
                 "optimizer_steps": engine.global_steps - steps_before}
+        trained = getattr(self.trainer, "trained_rows", None)
+        if trained is not None:  # rows that reached the loss, by kind, summed over the ranks
+            status.update({f"replay/trained_rows_{k}": v for k, v in
+                           self.strategy.all_reduce({k: float(n) for k, n in trained.items()}, op="sum").items()})
+            mine["trained_rows"] = sum(trained.values())
+            self.trainer.trained_rows = dict.fromkeys(trained, 0)
         if self.strategy.args.ds.zero_stage < 3:  # ZeRO-3 ranks hold different shards: nothing to compare
             mine["weights_checksum"] = sum(p.detach().double().abs().sum() for p in engine.parameters()).item()
         status.update(rank_spread(self.strategy, mine))
