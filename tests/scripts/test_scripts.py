@@ -422,8 +422,8 @@ def test_validator_accepts_a_valid_command_and_never_starts_ray(validate, module
 @pytest.mark.parametrize("extra, module, fragment", [
     (["--replay.moed", "advantage"], "openrlhf_replay.cli.train_ppo_ray", "unrecognized arguments: --replay.moed"),
     (["--actor.dual_clip", "ten"], "openrlhf.cli.train_ppo_ray", "invalid float value: 'ten'"),
-    (["--replay.mode", "advantage", "--algo.kl.init_coef", "0.01"], "openrlhf_replay.cli.train_ppo_ray",
-     "KL must be off"),
+    (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "openrlhf_replay.cli.train_ppo_ray",
+     "drop the KL penalty"),
     (["--replay.mode", "advantage", "--train.batch_size", "384"], "openrlhf_replay.cli.train_ppo_ray",
      "not a whole number of --train.batch_size 384 batches"),
     (["--rollout.n_samples_per_prompt", "1"], "openrlhf.cli.train_ppo_ray", "upstream check: group_norm requires"),
