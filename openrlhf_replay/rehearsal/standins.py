@@ -19,6 +19,7 @@ import torch
 from openrlhf.trainer.ray.launcher import BaseModelActor, RayActorGroup
 
 from infra.models import train_tokenizer
+from openrlhf_replay.trainer.ray.dynamic_batch import dynamic_steps
 from openrlhf_replay.utils import data_parallel_ranks
 
 # Deferred imports here (the experience helpers, upstream's samples generator) pull in upstream
@@ -101,22 +102,26 @@ class Rank:
         """Upstream's `ppo_train`: a DataLoader of train.micro_batch_size over the rows, drop_last, once
         per epoch; DeepSpeed steps the optimizer every `accumulation` micro-batches."""
         got, micro = self.received, self.args.train.micro_batch_size
-        if self.args.train.dynamic_batch_enable:  # the actor's AllRowsReplayBuffer (dynamic_batch.py)
-            # one optimizer step per local training batch of rows; the packing by tokens, which sets
-            # only how many micro-batches a step takes, is not modelled
-            micro = self.args.train.batch_size // data_parallel_ranks(self.args)
-            optimizer_steps = got["rows"] // micro * self.args.train.max_epochs
+        if self.args.train.dynamic_batch_enable:
+            # The actor's rule (AllRowsReplayBuffer), which stops the step where rows would go
+            # untrained, so none is dropped; the packing by tokens, which sets only how many
+            # micro-batches a step takes, is not modelled. Equal ranks hold equal rows here.
+            ranks = data_parallel_ranks(self.args)
+            steps = dynamic_steps([got["rows"]] * ranks, self.args.train.batch_size)
+            optimizer_steps = steps * self.args.train.max_epochs
+            dropped = 0
         else:
             micro_batches = got["rows"] // micro * self.args.train.max_epochs
             self.pending += micro_batches
             optimizer_steps, self.pending = divmod(self.pending, self.accumulation)
+            dropped = got["rows"] % micro
         if self.scheduler is not None:  # paced by the step's rows summed over the ranks, as the actor does
             peers = self.peers or [self]
             rows = sum(r.received["rows"] for r in peers)  # rank 0 fits first: the others still hold theirs
             self._step_scheduler(optimizer_steps, rows - sum(r.received["replayed_rows"] for r in peers), rows)
         self.steps.append({"fresh_micro_batches": got["fresh"], "replayed_micro_batches": got["replayed"],
                            "rows": got["rows"], "replayed_rows": got["replayed_rows"],
-                           "dropped_rows": got["rows"] % micro, "optimizer_steps": optimizer_steps,
+                           "dropped_rows": dropped, "optimizer_steps": optimizer_steps,
                            "carried_micro_batches": self.pending})
         self.received = {"fresh": 0, "replayed": 0, "rows": 0, "replayed_rows": 0}
         return {}
