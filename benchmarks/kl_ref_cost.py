@@ -12,24 +12,17 @@ rows? Prints both costs per replayed response token on this machine (docs/METHOD
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import time
 
 import numpy as np
 import torch
 
+from infra.hardware import cpu_description
 from infra.models import build_tiny_qwen3, default_cache_dir, prepare_smollm2
 from replay.store import RolloutStore
 from replay.testing import random_batch
 
 ROWS, PROMPT, RESPONSE = 8, 64, 448  # one micro-batch of replayed rows
-
-
-def cpu_name() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")),
-                platform.processor())
 
 
 def store_cost_us_per_token(reps: int = 5) -> float:
@@ -77,7 +70,7 @@ def main() -> None:
     p.add_argument("--models", default="tiny,smollm2", help="comma-separated subset of tiny,smollm2")
     args = p.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    print(f"CPU: {cpu_name()}, torch threads {torch.get_num_threads()}")
+    print(f"CPU: {cpu_description()}, torch threads {torch.get_num_threads()}")
     print(f"store: 4 bytes per response token held; copying it in and out {store_cost_us_per_token():.4f} us/token")
     builders = {"tiny": lambda: build_tiny_qwen3(default_cache_dir() / "tiny-qwen3"), "smollm2": prepare_smollm2}
     for name in args.models.split(","):
