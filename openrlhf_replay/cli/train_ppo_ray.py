@@ -199,11 +199,12 @@ def describe_replay(args) -> str:
         f" ({wanted} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
         "runs the same optimizer steps)")
     if config.mode == "success":
-        pool = (f"the offline pool {config.success_pool}" if config.success_pool else
-                "the in-run pool (the run's own successes: a prompt's from its second visit, once per epoch)")
+        pool = (f"from the first step, from the offline pool {config.success_pool} (no warm-up: it is full before "
+                "the run)" if config.success_pool else f"after step {config.warmup}, from the in-run pool (the run's "
+                "own successes: a prompt's from its second visit, once per epoch)")
         return (f"replay: mode success (RLEP), up to {config.per_prompt} successes of each of the {args.rollout.batch_size} "
                 f"prompts (min of that and its stored successes) join its group of {args.rollout.n_samples_per_prompt} "
-                f"after step {config.warmup}, from {pool}, completed by inert rows to whole --train.batch_size "
+                f"{pool}, completed by inert rows to whole --train.batch_size "
                 f"{args.train.batch_size} batches (at most {k} rows); pi_old of replayed rows: "
                 f"{config.effective_off_policy}")
     return f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step {config.warmup}{note}"

@@ -115,6 +115,8 @@ def test_launcher_states_the_replay_count_it_will_run(make_args):
     assert ("up to 2 successes of each of the 8 prompts (min of that and its stored successes) join its group of 4 "
             "after step 20, from the in-run pool") in describe_replay(success)
     assert "(at most 16 rows); pi_old of replayed rows: recompute" in describe_replay(success)
+    offline = make_args("--replay.mode", "success", "--replay.success_pool", "pool.npz")
+    assert "join its group of 4 from the first step, from the offline pool pool.npz (no warm-up" in describe_replay(offline)
     # RLEP's count is never cut to whole batches: one success per prompt still replays
     odd = make_args("--replay.mode", "success", "--replay.per_prompt", "1", "--train.batch_size", "32")
     assert replay_arg_errors(odd) == [] and replay_per_step(ReplayConfig.from_namespace(odd), odd) == 32

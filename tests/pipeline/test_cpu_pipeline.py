@@ -12,8 +12,9 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
-  tiny model (the seed checkpoint), one rank, warm-up 1; the first replayed step's batch is dumped
-  (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`) and checked against the weights saved after step 1; a cosine
+  tiny model (the seed checkpoint), one rank, replaying from step 1 (an offline pool has no
+  warm-up, whatever --replay.warmup says); each step's batch is dumped and the second's
+  (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`) checked against the weights saved after step 1; a cosine
   LR schedule that decays to 0 over the run.
 
 Resuming from a checkpoint (the buffer restored as saved, the step counter going on) is tested
@@ -153,7 +154,8 @@ def _build_pool(tmp: Path, model: Path) -> Path:
 
 
 def _rlep_argv(tmp: Path, model: Path, pool: Path) -> list[str]:
-    """RLEP with the offline pool, one rank, one episode (2 steps), warm-up 1; the weights after step 1
+    """RLEP with the offline pool, one rank, one episode (2 steps), warm-up 1 (not applied to an
+    offline pool); the weights after step 1
     saved as an HF model, so the test can compute the current policy's log-probs of step 2. Training
     batches of 16: at most 4 x 2 replayed rows, so inert rows always complete the batch."""
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl"),
@@ -287,8 +289,8 @@ def test_a_decaying_lr_follows_rollout_steps_whatever_replay_adds(runs):
     grpo = _grpo_lrs("cosine_with_min_lr", 8, 2, warmup_ratio=0.5)  # 8 fresh steps, 2 a rollout step
     assert grpo[2] == 1e-3 and grpo[4] == pytest.approx(1e-4)  # the warm-up ends after step 2; 10 % at the end
     assert _by_step(replay, "actor_lr") == pytest.approx(grpo, rel=1e-6)  # float32 in TensorBoard
-    # RLEP: one fresh optimizer step a rollout step; step 2 also trains its replayed and inert rows.
-    assert _by_step(rlep, "replay/rank_optimizer_steps_max") == {1: 1, 2: 2}
+    # RLEP: one fresh optimizer step a rollout step, and one of its replayed and inert rows.
+    assert _by_step(rlep, "replay/rank_optimizer_steps_max") == {1: 2, 2: 2}
     assert _by_step(rlep, "actor_lr") == pytest.approx(_grpo_lrs("cosine", 2, 1)) == {1: 5e-4, 2: 0.0}
 
 
@@ -299,12 +301,12 @@ def test_mode_none_runs_the_plain_pipeline(runs):
     assert (control["dir"] / "final" / "model.safetensors").is_file()
 
 
-def _first_replayed_step(run) -> dict:
-    """The batch of the run's only replaying step (logged step 2; the buffer counts from 0), as
+def _second_step(run) -> dict:
+    """The batch of logged step 2 (the buffer counts from 0), the run's second replaying step, as
     the experience maker dumped it (`openrlhf_replay/trainer/ppo_utils/debug_dump.py`)."""
     dumps = sorted((run["dir"] / "dump").glob("step*.json"))
-    assert [d.name for d in dumps] == ["step1.json"], dumps
-    return json.loads(dumps[0].read_text())
+    assert [d.name for d in dumps] == ["step0.json", "step1.json"], dumps  # an offline pool: no warm-up
+    return json.loads(dumps[1].read_text())
 
 
 def _log_probs(model, sequence: list[int]) -> np.ndarray:
@@ -321,10 +323,11 @@ def _prompt_of(row: dict) -> tuple:
     return tuple(row["sequence"][: row["action_mask"].index(True) + 1])
 
 
-def test_rlep_replays_the_offline_pool_from_the_first_step_after_warmup(runs):
-    """Step 2 draws new prompts, which the in-run pool could not have: the offline pool gives
-    each min(M = 2, its successes in the pool); the pool stays as built (the run's own successes
-    stay out); inert rows complete the last training batch."""
+def test_rlep_replays_the_offline_pool_from_the_first_step(runs):
+    """An offline pool replays from step 1 (the run's --replay.warmup 1 is for pools that fill
+    during the run). Step 2 draws new prompts, which the in-run pool could not have: the offline
+    pool gives each min(M = 2, its successes in the pool); the pool stays as built (the run's own
+    successes stay out); inert rows complete the last training batch."""
     from openrlhf_replay.trainer.ppo_utils.experience import prompt_uid
     from replay.pool import load_pool
 
@@ -332,9 +335,9 @@ def test_rlep_replays_the_offline_pool_from_the_first_step_after_warmup(runs):
     pool = load_pool(run["dir"].parent / "pool.npz")
     assert "from the offline pool" in run["log"]
     replayed, size = _by_step(run, "replay/replayed"), _by_step(run, "replay/size")
-    assert replayed[1] == 0 and replayed[2] > 0  # warm-up 1: the first step after it replays
+    assert replayed[1] > 0 and replayed[2] > 0
     assert set(size.values()) == {len(pool.rollouts)}
-    dump = _first_replayed_step(run)
+    dump = _second_step(run)
     rows = [r for r in dump["rows"] if r["replayed"] and not r["inert"]]
     step_prompts = {_prompt_of(r) for r in dump["rows"] if not r["replayed"]}
     per_prompt = pool.successes_per_prompt()
@@ -347,7 +350,7 @@ def test_rlep_replays_the_offline_pool_from_the_first_step_after_warmup(runs):
     # Inert rows reach the actors, flagged, and train nothing: the loss stays finite, two whole
     # optimizer steps of 16 rows (16 fresh + replayed + inert).
     assert _by_step(run, "replay/is_inert")[2] == pytest.approx(dump["inert"] / 32)
-    assert _by_step(run, "replay/rank_optimizer_steps_max") == {1: 1, 2: 2}
+    assert _by_step(run, "replay/rank_optimizer_steps_max") == {1: 2, 2: 2}
     assert all(math.isfinite(v) for v in _by_step(run, "policy_loss").values())
 
 
@@ -363,7 +366,7 @@ def test_rlep_recomputes_pi_old_of_replayed_rows_and_keeps_grpo_elsewhere(runs):
     from replay import group_normalise
 
     run = runs["rlep"]
-    dump = _first_replayed_step(run)
+    dump = _second_step(run)
     # The weights step 2 trains from: saved after step 1, in the run's compute dtype.
     current = AutoModelForCausalLM.from_pretrained(run["dir"].parent / "rlep_ckpt" / "global_step1_hf", dtype="auto")
     rows = [r for r in dump["rows"] if not r["inert"]]
