@@ -4,9 +4,14 @@ table.md. Everything is drawn from the records and the summary `se_analysis.summ
 """
 from __future__ import annotations
 
+import json
+import math
+import time
 from pathlib import Path
 
 import se_analysis
+from infra.hardware import cpu_description
+from se_settings import ROLLOUT_TEMPERATURE
 
 REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
@@ -210,3 +215,54 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def summarize(a, runs: list[dict]) -> dict:
+    """`se_analysis.summarize` of the runs, with the sweep's settings, metric, provenance, warm
+    start and timing beside it."""
+    summary = se_analysis.summarize(runs)
+    summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
+                           if not k.startswith("_")}
+    summary["primary_metric"] = {"name": f"held-out avg@{a.eval_samples}", "temperature": ROLLOUT_TEMPERATURE,
+                                 "samples_per_problem": a.eval_samples}
+    summary["provenance"] = evaluation_provenance()
+    warm_path = a.out_dir / "warm_start.json"
+    summary["warm_start"] = json.loads(warm_path.read_text()) if warm_path.is_file() else None
+    summary["timing"] = {
+        "date": time.strftime("%Y-%m-%d"), "cpu": cpu_description(), "runs": len(runs),
+        "run_wall_s_median": _median([r["wall_s"] for r in runs]),
+        "startup_s_median": _median([r["startup_s"] for r in runs]),
+        "session_startup_s_total": sum(r.get("session_startup_s", 0.0) for r in runs),
+        "eval_s_median": _median([r["eval_s"] for r in runs]),
+        "run_wall_s_total": sum(r["wall_s"] + r["eval_s"] for r in runs),
+        "this_call": None}  # main fills it in
+    return summary
+
+
+def evaluation_provenance() -> dict:
+    """What graded the held-out answers: the grader's package versions and the code's commit."""
+    from evaluation.provenance import harness_provenance, software_versions
+
+    versions = software_versions()
+    harness = harness_provenance()
+    return {"grader": {"math-verify": versions.get("math-verify"),
+                       "grader_sha256": harness["sources_sha256"].get("grader.py")},
+            "git_commit": harness["git_commit"],
+            "evaluation_uncommitted_changes": harness["evaluation_uncommitted_changes"]}
+
+
+def _median(values) -> float:
+    import numpy as np
+
+    return float(np.median(values)) if values else math.nan
+
+
+def jsonable(value):
+    """`json.dumps` default for numpy values."""
+    import numpy as np
+
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(type(value))
