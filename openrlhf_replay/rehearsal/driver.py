@@ -24,10 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from openrlhf_replay.cli.train_ppo_ray import describe_replay
 from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, flatten_args, launch_errors,
                                           resolve_training, split_command)
 import openrlhf_replay.rehearsal as package
 from openrlhf_replay.cpu import DEVICE_ENV, _hook
+from openrlhf_replay.rehearsal.pool import build_stand_in_pool, missing_pool
 from openrlhf_replay.rehearsal.report import (TABLE_HEADER, markdown, off_policy, replay_distribution, spread,
                                               table_row)
 from openrlhf_replay.rehearsal.standins import (Generation, Rank, Settings, Shadow, ShadowRank, actor_group,
@@ -189,6 +191,9 @@ def rehearse(command: list[str], settings: Settings = Settings(), log=print) -> 
     if module not in (UPSTREAM_CLI, REPLAY_CLI):
         raise Invalid([f"{module}: only training commands can be rehearsed"])
     t0 = time.monotonic()
+    pending_pool = None
+    if module == REPLAY_CLI:  # a pool built from a checkpoint not trained yet: a stand-in (pool.py)
+        argv, pending_pool = missing_pool(argv)
     args, refused = _resolved(module, argv)
     if refused:
         return {"command": " ".join(command), "crash": refused, "crash_step": 0, "steps_expected": None,
@@ -204,7 +209,7 @@ def rehearse(command: list[str], settings: Settings = Settings(), log=print) -> 
                 raise Invalid([f"--shape {flags!r} changes more than the shape: {', '.join(other)}"])
         shadows.append(Shadow(flags, shadow_args, [], None, crash=refused, crash_step=0 if refused else None))
     with _rehearsal_environment(args) as work:
-        return _run(module, args, settings, work, t0, log, shadows) | {"command": " ".join(command)}
+        return _run(module, args, settings, work, t0, log, shadows, pending_pool) | {"command": " ".join(command)}
 
 
 @contextlib.contextmanager
@@ -243,18 +248,27 @@ def _patched_env(name: str, value: str):
             os.environ[name] = old
 
 
-def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shadows: list[Shadow]) -> dict:
+def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shadows: list[Shadow],
+         pending_pool: str | None = None) -> dict:
+    prompts = _prompt_texts(args)
+    tokenizer_dir = write_tokenizer(prompts[:500], work / "tokenizer")
+    if pending_pool:
+        pool = work / "success_pool.npz"
+        successes = build_stand_in_pool(args, tokenizer_dir, settings, pool)
+        for run_args in [args] + [s.args for s in shadows if s.args is not None]:
+            run_args.replay.success_pool = str(pool)
+        log(f"rehearse: {pending_pool} is not built yet: rehearsing with a stand-in pool of {successes} successes "
+            "(the stand-in seed policy decoded every training prompt; openrlhf_replay/rehearsal/pool.py), so\n"
+            f"{describe_replay(args)}")
     replay = ReplayConfig.from_namespace(args) if module == REPLAY_CLI else ReplayConfig()
     rng = np.random.default_rng(settings.seed)
     cls = _controller_class(module, args)
     world, accumulation = world_size(args), _accumulation(args)
     record = Record()
-    prompts = _prompt_texts(args)
-    tokenizer_dir = write_tokenizer(prompts[:500], work / "tokenizer")
     resume_at = settings.resume_at
     saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf
     if resume_at < 0:  # the first checkpoint after the replay warm-up (the buffer is not empty)
-        after = replay.warmup + 1 if replay.enabled else 1
+        after = replay.effective_warmup + 1 if replay.enabled else 1
         resume_at = math.ceil(after / args.ckpt.save_steps) * args.ckpt.save_steps if saves else 0
     settings = dataclasses.replace(settings, resume_at=resume_at)
 
@@ -339,7 +353,7 @@ def _prompt_texts(args) -> list[str]:
 def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, steps_per_episode: int,
             seconds: float) -> dict:
     steps = record.steps
-    after_warmup = [s for s in steps if s["step"] > replay.warmup] if replay.enabled else []  # buffer step >= warm-up
+    after_warmup = [s for s in steps if s["step"] > replay.effective_warmup] if replay.enabled else []  # buffer step >= warm-up
     per_step_opt = [sum(s["ranks"]["optimizer_steps"]) / max(len(ranks), 1) for s in steps]
     cumulative = list(_accumulate(ranks[0].steps[i]["optimizer_steps"] for i in range(len(ranks[0].steps)))) \
         if ranks else []
