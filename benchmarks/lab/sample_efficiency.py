@@ -130,10 +130,13 @@ def step_record(status: dict, a: Args, cond: str = "none") -> dict:
     """The fields the analysis uses from one upstream status dict of a `cond` run.
 
     `train_tokens`: response tokens entering the policy loss in the step, over all its passes
-    (fresh rows' mean length x fresh rows + replayed rows' mean length x replayed rows)."""
+    (fresh rows' mean length x fresh rows + replayed rows' mean length x replayed rows).
+    `optimizer_steps`: the rows trained over --train.batch_size, RLEP's inert rows included (they
+    carry no loss but complete its last training batch, which is an optimizer step all the same)."""
     epochs = EPOCHS.get(cond, 1)  # passes over each batch
     fresh = status.get("rollout/num_samples", a.rollouts_of(cond))
     replayed = status.get("replay/replayed", status.get("replay/replayed_rollouts", 0.0)) or 0.0
+    inert = status.get("replay/inert_rows", 0.0) or 0.0
     fresh_len = status.get("response_length", status["rollout/response_length_mean"])
     replay_len = status.get("replay/response_length_replay", fresh_len)
     return {
@@ -146,7 +149,7 @@ def step_record(status: dict, a: Args, cond: str = "none") -> dict:
         "broadcast_s": status["timing/broadcast"],
         "fresh_rollouts": fresh,
         "replayed_rollouts": replayed,
-        "optimizer_steps": epochs * (fresh + replayed) / a.train_batch,
+        "optimizer_steps": epochs * (fresh + replayed + inert) / a.train_batch,
         "train_tokens": epochs * (fresh * fresh_len + replayed * replay_len),
         "replay": {k: v for k, v in status.items() if k.startswith("replay/") and isinstance(v, (int, float))},
     }

@@ -100,21 +100,27 @@ def _fmt(x, spec=".3f", none="never"):
     return none if x is None else format(x, spec)
 
 
+def _interval(st: dict, spec: str = "+.3f", key: str = "interval") -> str:
+    """`[lo, hi]`, named when it is not a 95% interval (fewer than 6 seeds: their [min, max])."""
+    lo, hi = st[key]
+    kind = st[f"{key}_kind"]
+    return f"[{_fmt(lo, spec)}, {_fmt(hi, spec)}]" + ("" if kind.startswith("95%") else f" ({kind})")
+
+
 def _ratio_ci(s: dict, axis: str) -> str:
-    lo, hi = s[f"{axis}_to_match_ci95"]
-    return f"{_fmt(s[f'{axis}_to_match_ratio'], '.2f')} [{_fmt(lo, '.2f')}, {_fmt(hi, '.2f')}]"
+    return f"{_fmt(s[f'{axis}_to_match_ratio'], '.2f')} {_interval(s, '.2f', f'{axis}_to_match_interval')}"
 
 
 def _power_lines(summary: dict) -> list[str]:
     """GRPO's own gain and the positive control: can this lab see an effect at all?"""
     g = summary["grpo_gain"]
     lines = [f"GRPO's gain over the run (final minus step 0, paired by seed, n {g['n']}): {g['median']:+.3f} "
-             f"[{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}], p {g['p']:.3f}."]
+             f"{_interval(g)}, p {g['p']:.3f}."]
     c = summary["positive_control"]
     if c is None:
         return lines + ["Positive control: not run (its conditions are not in this sweep)."]
     return lines + [f"Positive control {c['pair']} (its sign is known: GRPO above GRPO on half the prompts per "
-                    f"step), final accuracy: {c['median']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], "
+                    f"step), final accuracy: {c['median']:+.3f} {_interval(c)}, "
                     f"p {c['p']:.3f}, "
                     f"{'resolved' if c['resolved'] else 'NOT resolved'} at {c['n']} seeds (MDE "
                     f"{_fmt(c['mde'], '.3f', 'n/a')})."]
@@ -142,7 +148,7 @@ def _conditions_table(summary: dict) -> list[str]:
            f"({metric['samples_per_problem']} per problem, the same seeds for every condition); greedy beside it.", ""]
     out += ["| condition | seeds | final acc (median [IQR]) | best acc | AUC | final greedy | "
             + "".join(f"final {b} | " for b in bands)
-            + "rollouts to match [95% CI] | compute to match [95% CI] | tokens trained / step | updates / step "
+            + "rollouts to match [interval] | compute to match [interval] | tokens trained / step | updates / step "
             "| replayed / step | compute units (train + gen) | AES vs GRPO |",
             "|---" * (13 + len(bands)) + "|"]
     for c, s in conds.items():
@@ -165,11 +171,13 @@ def _conditions_table(summary: dict) -> list[str]:
 def _pairs_table(summary: dict) -> list[str]:
     """The paired differences, each with its test and a verdict in words."""
     out = ["Paired differences A - B over the seeds both have (seed s of both: same prompt order, same warm start): "
-           "median, percentile-bootstrap 95% interval of the median over seeds, exact sign-flip permutation p "
+           "median, percentile-bootstrap 95% interval of the median over seeds (below 6 seeds the [min, max] of "
+           "the differences, marked min-max: a percentile interval over so few seeds is little else), exact "
+           "sign-flip permutation p "
            "(sign test p). Resolved = interval excludes 0 and p < 0.05. MDE: the approximate smallest mean "
            "difference of final accuracy these seeds detect with 80% power at two-sided alpha 0.05, from the "
            "spread of the paired differences.", "",
-           "| pair | score | n | median A - B | 95% CI | p (permutation) | p (sign) | MDE | in words |",
+           "| pair | score | n | median A - B | interval | p (permutation) | p (sign) | MDE | in words |",
            "|---|---|---|---|---|---|---|---|---|"]
     for pair, stats in summary["pairs"].items():
         a, b = pair.split("_vs_")
@@ -178,8 +186,8 @@ def _pairs_table(summary: dict) -> list[str]:
                 words = f"resolved: {a} {'above' if st['median'] > 0 else 'below'} {b}"
             else:
                 words = f"not resolved at {st['n']} seeds"
-            out.append(f"| {pair} | {score} | {st['n']} | {st['median']:+.3f} | [{st['ci95'][0]:+.3f}, "
-                       f"{st['ci95'][1]:+.3f}] | {st['p']:.3f} | {st['sign_p']:.3f} | "
+            out.append(f"| {pair} | {score} | {st['n']} | {st['median']:+.3f} | {_interval(st)} | "
+                       f"{st['p']:.3f} | {st['sign_p']:.3f} | "
                        f"{_fmt(st.get('mde'), '.3f', '')} | {words} |")
     return out
 
