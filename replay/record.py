@@ -40,10 +40,13 @@ _LAYOUT: dict[str, tuple[type, str]] = {
     "reuse_counts": (np.int32, "rollout"),
 }
 ROLLOUT_FIELDS = tuple(k for k, (_, kind) in _LAYOUT.items() if kind == "rollout")
-# Optional float32 columns, one value per response token, held only when the run's KL needs them
-# (docs/METHOD.md section 2, "KL"): `token_advantages`, the per-token advantage of KL in the reward;
-# `ref_logprobs`, the reference model's log-probs for KL as a loss. Absent (None) they cost no byte.
-TOKEN_COLUMNS = ("token_advantages", "ref_logprobs")
+# Optional float32 columns, one value per response token, held only when the run needs them
+# (docs/METHOD.md section 2, "KL" and "A critic"): `token_advantages`, the per-token advantage of KL
+# in the reward; `ref_logprobs`, the reference model's log-probs for KL as a loss; `token_rewards`,
+# the per-token reward GAE starts from (the outcome on the last action token, any KL penalty on
+# every token), from which a replayed row's advantage is recomputed against the current critic.
+# Absent (None) they cost no byte.
+TOKEN_COLUMNS = ("token_advantages", "ref_logprobs", "token_rewards")
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +74,7 @@ class RolloutBatch:
     # -- optional, per response token (`TOKEN_COLUMNS`) --
     token_advantages: np.ndarray | None = None  # (sum Lr,) float32, advantage with the KL penalty
     ref_logprobs: np.ndarray | None = None  # (sum Lr,) float32, log pi_ref of each response token
+    token_rewards: np.ndarray | None = None  # (sum Lr,) float32, per-token reward (GAE's input)
 
     def __post_init__(self) -> None:
         for name, (dtype, _) in _LAYOUT.items():
@@ -259,7 +263,7 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
     """Which rollouts may be stored: `(ok (n,) bool, {reason: count})`.
 
     Log-probs (and the optional per-token columns: a per-token advantage counts as an advantage,
-    reference log-probs as log-probs) are only checked where the action mask is set:
+    reference log-probs as log-probs, a per-token reward as a reward) are only checked where the action mask is set:
     padding-like positions may hold -inf without harming the loss.
     """
     bad = {
@@ -269,7 +273,7 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         "non_finite_logprob": np.zeros(len(batch), np.bool_),
     }
     per_token = [("non_finite_logprob", batch.behaviour_logprobs), ("non_finite_logprob", batch.ref_logprobs),
-                 ("non_finite_advantage", batch.token_advantages)]
+                 ("non_finite_advantage", batch.token_advantages), ("non_finite_reward", batch.token_rewards)]
     for reason, values in per_token:
         if values is not None:
             bad[reason] |= _non_finite_rows(batch, values)

@@ -62,6 +62,7 @@ class Record:
     resumed_at: int | None = None
     crash: str | None = None
     crash_step: int | None = None
+    critic: list = field(default_factory=list)  # the critic group's stand-in ranks (`gae`), else none
 
 
 def _controller_class(module: str, args):
@@ -84,7 +85,8 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
     if args.algo.kl.init_coef > 0:  # KL needs the reference model's log-probs: stand-in ranks give them
         reference = actor_group([Rank(r, args, 1, rng) for r in range(args.ref.num_nodes * args.ref.num_gpus_per_node)],
                                 duplicate)
-    trainer = cls(str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), None, None, reference, [],
+    critic = actor_group(record.critic, duplicate) if record.critic else None  # its forward gives values
+    trainer = cls(str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), critic, None, reference, [],
                   do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
                   temperature=args.rollout.temperature, top_p=args.rollout.top_p)
     sg = trainer.samples_generator
@@ -273,6 +275,9 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     settings = dataclasses.replace(settings, resume_at=resume_at)
 
     ranks = [Rank(r, args, accumulation, rng) for r in range(world)]
+    if args.algo.advantage.estimator == "gae":  # a critic group, trained on the same rows as the actors
+        critic_world = args.critic.num_nodes * args.critic.num_gpus_per_node
+        record.critic = [Rank(r, args, accumulation * world // critic_world, rng) for r in range(critic_world)]
     for shadow in (s for s in shadows if s.args is not None):
         shadow.ranks = [ShadowRank(r, shadow.args, _accumulation(shadow.args), rng)
                         for r in range(world_size(shadow.args))]
@@ -302,6 +307,8 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     if record.crash is None:
         record.crash_step = None
     report = _report(args, replay, record, ranks, max_steps, steps_per_episode, time.monotonic() - t0)
+    if record.critic:  # equal over its ranks, or its collectives would hang
+        report["critic_optimizer_steps_per_rank"] = [sum(s["optimizer_steps"] for s in r.steps) for r in record.critic]
     last = report["lr_last_optimizer_step"]
     if last:
         log(f"rehearse: LR schedule of {max_steps} optimizer steps ({args.actor.lr_scheduler}); the last optimizer "

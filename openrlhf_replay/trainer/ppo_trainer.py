@@ -18,7 +18,7 @@ import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, kl_token_columns, split_by_row_kind
+from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, stored_token_columns, split_by_row_kind
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
 from openrlhf_replay.utils import undecorated
@@ -46,7 +46,7 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
                          reference_model_group, vllm_engines, **generate_kwargs)
         run_steps = rollout_steps(self.args, len(self.prompts_dataloader))  # its batch size is 1 prompt
         self.replay_config = ReplayConfig.from_namespace(self.args).for_run(run_steps)
-        self.replay = ReplayBuffer(self.replay_config, kl_token_columns(self.args))
+        self.replay = ReplayBuffer(self.replay_config, stored_token_columns(self.args))
         if self.replay.pool is not None:
             check_success_pool(self.replay.pool, self.tokenizer, self.prompts_dataloader.dataset.prompts,
                                max_prompt_len(self.args.data.max_len, self.args.rollout.max_new_tokens))
@@ -124,13 +124,13 @@ def restore_replay_state(states: dict, args, config: ReplayConfig) -> ReplayBuff
         if name is None:
             raise ReplayCheckpointError(f"the checkpoint at global step {states.get('global_step')} names no replay "
                                         f"state in {replay_state_dir(args)} (was it saved with replay off?)")
-        replay = ReplayBuffer.load(os.path.join(replay_state_dir(args), name), config, kl_token_columns(args))
+        replay = ReplayBuffer.load(os.path.join(replay_state_dir(args), name), config, stored_token_columns(args))
     except ReplayCheckpointError as e:
         if not config.allow_empty_resume:
             raise ReplayCheckpointError(f"cannot resume the replay buffer: {e}. To resume with an empty buffer "
                                         "instead, pass --replay.allow_empty_resume") from e
         logger.warning(f"replay: resuming with an empty buffer ({e})")
-        return ReplayBuffer(config, kl_token_columns(args))
+        return ReplayBuffer(config, stored_token_columns(args))
     logger.info(f"replay: restored {len(replay)} rollouts from {name} (state {state_digest(replay.state_dict())})")
     return replay
 

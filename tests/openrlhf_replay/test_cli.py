@@ -38,7 +38,10 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (["--algo.advantage.estimator", "gae"], "needs a critic"),
+    # a critic whose ranks (upstream's default 8) do not divide the policy's (1)
+    (["--algo.advantage.estimator", "gae"], "do not divide the policy actor's 1"),
+    (["--replay.mode", "success", "--algo.advantage.estimator", "gae", "--critic.num_gpus_per_node", "1"],
+     "recomputes group advantages"),
     (["--train.async_enable"], "async_enable"),
     (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz", "--algo.kl.init_coef", "0.001",
@@ -73,6 +76,11 @@ def test_a_valid_replay_configuration_passes(make_args):
                                        "--algo.kl.use_loss", "--algo.kl.estimator", "k3")) == []
     # dynamic batching: the actor packs replayed rows with the fresh (trainer/ray/dynamic_batch.py)
     assert replay_arg_errors(make_args("--replay.mode", "advantage", "--train.dynamic_batch_enable")) == []
+    # a critic (gae): replayed rows' advantages are recomputed against it; groups of one, as PPO's
+    for n in ("4", "1"):
+        assert replay_arg_errors(make_args("--replay.mode", "advantage", "--algo.advantage.estimator", "gae",
+                                           "--critic.num_gpus_per_node", "1", "--rollout.n_samples_per_prompt", n,
+                                           "--algo.kl.init_coef", "0.01")) == []
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 
@@ -90,7 +98,7 @@ def test_cli_refuses_before_ray_starts():
                        "--algo.advantage.estimator", "gae", "--actor.num_gpus_per_node", "1")
     assert proc.returncode != 0
     assert "cannot run replay with these arguments" in proc.stderr
-    assert "needs a critic" in proc.stderr
+    assert "the critic's 8 data-parallel ranks" in proc.stderr
     assert "ray.init" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
 
 

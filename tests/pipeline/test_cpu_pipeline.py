@@ -8,7 +8,9 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
   whole batches by the launch policy), checked from the ranks' own reports; final HF model; a
   cosine LR schedule whose warm-up spans the first replayed step; KL as a loss (k3, a reference
   model), so replayed rows train with their stored reference log-probs; dynamic batching
-  (token-budget micro-batches, replayed rows packed as fresh ones);
+  (token-budget micro-batches, replayed rows packed as fresh ones); PPO with a critic (`gae`, the
+  tiny model as critic, one rank), so replayed rows get the current critic's values and GAE
+  advantages, and the critic trains on them; its batches dumped (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`);
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
@@ -76,6 +78,9 @@ KL_LOSS = ["--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.esti
 # Dynamic batching (upstream packs the samples; sdpa on CPU): rows of ~75 tokens, two to a budget of
 # 160, so a rank's 4-row share of a training batch of 8 trains as 2 micro-batches, replayed rows too.
 DYNAMIC_BATCH = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "160"]
+# PPO with a critic: the tiny model with a value head, one rank (it divides the policy's two), a
+# large step so its values move between steps.
+CRITIC = ["--algo.advantage.estimator", "gae", "--critic.num_gpus_per_node", "1", "--critic.adam.lr", "1e-3"]
 
 
 def _prompts(path: Path, n: int = 32) -> list[str]:
@@ -119,7 +124,8 @@ def runs(tmp_path_factory):
     base = ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl")]
     control = _run(tmp, "control", base + ["--replay.mode", "none", "--train.num_episodes", "1"],
                    env_extra={"OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD": "1"})
-    replay = _run(tmp, "replay", _two_rank_argv(tmp, model))
+    replay = _run(tmp, "replay", _two_rank_argv(tmp, model),
+                  env_extra={"OPENRLHF_REPLAY_DEBUG_DUMP_DIR": str(tmp / "replay" / "dump")})
     rlep = _run(tmp, "rlep", _rlep_argv(tmp, model, _build_pool(tmp, model)),
                 env_extra={"OPENRLHF_REPLAY_DEBUG_DUMP_DIR": str(tmp / "rlep" / "dump")})
     runs = {"replay": replay, "control": control, "rlep": rlep}
@@ -137,7 +143,8 @@ def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data),
             "--data.max_samples", str(whole_batches(count_rows(str(data)), 4)),
             "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
-            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS, *DYNAMIC_BATCH]
+            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS, *DYNAMIC_BATCH,
+            *CRITIC, "--critic.model_name_or_path", str(model)]
 
 
 def _build_pool(tmp: Path, model: Path) -> Path:
@@ -257,6 +264,56 @@ def test_two_ranks_train_alike_across_an_episode_boundary(runs):
     low, high = _by_step(run, "replay/rank_weights_checksum_min"), _by_step(run, "replay/rank_weights_checksum_max")
     assert sorted(low) == [1, 2, 3, 4] and low == high, (low, high)
     assert len(set(low.values())) == 4  # the weights did change each step: the checksum sees it
+
+
+def test_the_critic_trains_on_replayed_rows_too(runs):
+    """The critic group receives the same rows as the policy actors, replayed ones included, and
+    every one reached its loss (its single rank packs them all under dynamic batching); its loss is
+    finite and it takes the policy's optimizer steps."""
+    run = runs["replay"]
+    assert _by_step(run, "replay/critic_trained_rows_fresh") == {1: 16, 2: 16, 3: 16, 4: 16}
+    assert _by_step(run, "replay/critic_trained_rows_replayed") == _by_step(run, "replay/replayed")
+    low, high = (_by_step(run, f"replay/rank_critic_optimizer_steps_{m}") for m in ("min", "max"))
+    assert low == high == {1: 2, 2: 3, 3: 3, 4: 3}  # batches of 8: (16 fresh + 8 replayed) / 8
+    losses = _by_step(run, "critic_loss")
+    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values()), losses
+
+
+def test_replayed_rows_get_the_current_critics_values(runs):
+    """A causal critic's value at a row's first action column sees the prompt only. So a replayed
+    row's value there equals the value the critic gives the step's fresh rows of the same prompt
+    (the second episode revisits the first's prompts), and differs from the value its own
+    rollout had when fresh, steps before: its values are the current critic's, not stored ones.
+    Values, returns and advantages are finite."""
+    run = runs["replay"]
+    dumps = {int(p.stem[len("step"):]): json.loads(p.read_text()) for p in (run["dir"] / "dump").glob("step*.json")}
+    assert sorted(dumps) == [1, 2, 3]  # the steps that replay (counted from 0)
+
+    def first(row):
+        return row["action_mask"].index(True)
+
+    same_prompt = moved = 0
+    seen: dict[tuple, list[float]] = {}  # a sequence's values when it was fresh
+    for step in sorted(dumps):
+        rows = dumps[step]["rows"]
+        fresh = {}
+        for r in rows:
+            if not r["replayed"]:
+                fresh.setdefault(_prompt_of(r), []).append(r["values"][first(r)])
+        for r in rows:
+            assert all(math.isfinite(x) for x in r["values"] + r["returns"] + [r["advantage"]]), r
+            if not r["replayed"]:
+                continue
+            value = r["values"][first(r)]
+            if _prompt_of(r) in fresh:
+                same_prompt += 1
+                assert all(abs(v - value) < 1e-4 for v in fresh[_prompt_of(r)]), (step, value, fresh[_prompt_of(r)])
+            then = seen.get(tuple(r["sequence"]))
+            if then is not None:
+                moved += 1
+                assert abs(then[first(r)] - value) > 1e-3, (step, then[first(r)], value)
+        seen.update({tuple(r["sequence"]): r["values"] for r in rows if not r["replayed"]})
+    assert same_prompt >= 1 and moved >= 1, (same_prompt, moved)
 
 
 def _grpo_lrs(schedule: str, max_steps: int, fresh_steps: int, warmup_ratio: float = 0.0) -> dict[int, float]:
