@@ -130,12 +130,15 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self.store)
 
-    def step(self, fresh: RolloutBatch, step: int, *, multiple_of: int = 1, divide_by_std: bool = True) -> Composition:
+    def step(self, fresh: RolloutBatch, step: int, *, multiple_of: int = 1, divide_by_std: bool = True,
+             refill: int = 0) -> Composition:
         """One training step: evict by age at `step`; draw the replay part from what is already
         stored (so never this step's own rollouts); count the reuse; store `fresh` with
         version `step` (its faulty rollouts are refused and counted). Steps must increase. `multiple_of`: the number
         replayed is a multiple of it (see `nominal_replay_count`). `divide_by_std`: success mode
-        recomputes enlarged groups' advantages as group_norm (True) or dr_grpo (False).
+        recomputes enlarged groups' advantages as group_norm (True) or dr_grpo (False). `refill`: rows
+        of the step's batch that dynamic filtering dropped, to be taken by replayed rollouts
+        (`compose`'s `extra`; fresh-anchored modes only).
 
         With mode none nothing is stored or drawn: the composition is `fresh` alone.
         """
@@ -143,11 +146,13 @@ class ReplayBuffer:
             raise ValueError(f"step {step} does not follow the last step {self.last_step}: steps must increase")
         if self.config.enabled:
             self.store.evict(step)
+            if refill and self.config.mode == "success":
+                raise ValueError("refill is not available in replay.mode success (RLEP replays per fresh group)")
             if self.config.mode == "success":
                 comp = compose_rlep(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of,
                                     divide_by_std=divide_by_std)
             else:
-                comp = compose(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of)
+                comp = compose(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of, refill)
             self.store.increment_reuse(comp.indices)
             priorities = None
             if self.config.mode == "freshness":  # PER's update after a draw; the fresh enter at the maximum

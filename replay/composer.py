@@ -32,7 +32,10 @@ class Composition:
     indices: np.ndarray  # (m,) int64 store-view indices they were drawn at
     info: dict[str, float] = field(default_factory=dict)
     order: np.ndarray | None = None  # RLEP: permutation of fresh + replayed that groups by prompt
-    inert: int = 0  # RLEP: rows without loss the integration adds to complete whole training batches
+    # Rows without loss the integration adds: RLEP's, to complete its replayed rows to whole training
+    # batches; with refill (`extra`), the filtered rows the store could not supply.
+    inert: int = 0
+    refilled: int = 0  # of the replayed rollouts, how many stand for filtered rows (`extra`), not the usual share
 
     @functools.cached_property
     def batch(self) -> RolloutBatch:
@@ -101,19 +104,28 @@ def group_normalise(rewards: np.ndarray, group_index: np.ndarray, divide_by_std:
 
 
 def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
-            rng: np.random.Generator, multiple_of: int = 1) -> Composition:
-    """Fresh-anchored batch: every fresh rollout, plus up to round(ratio * n_fresh) replayed ones
-    (a multiple of `multiple_of`, see `replay_count`)."""
-    target = replay_target(config, len(fresh), len(np.unique(fresh.group_ids)), multiple_of)
+            rng: np.random.Generator, multiple_of: int = 1, extra: int = 0) -> Composition:
+    """Fresh-anchored batch: every fresh rollout, plus up to round(ratio * n) replayed ones (a
+    multiple of `multiple_of`, see `replay_count`), n = the fresh rollouts plus `extra`.
+
+    `extra` (refill, `ReplayConfig.refill`): rows of the step's batch whose groups dynamic
+    filtering dropped; after the warm-up, up to that many more are drawn in the same draw from what
+    the store holds beyond the usual share (`refilled`), and the rest are named `inert`, so the
+    batch keeps the size it was generated at."""
+    target = replay_target(config, len(fresh) + extra, len(np.unique(fresh.group_ids)), multiple_of)
     k = replay_count(target, step, config.effective_warmup, len(store), multiple_of)
-    if k == 0:
-        return _fresh_only(fresh)
-    draw = sampler(store.view(), k, step, rng, fresh_prompt_uids=fresh.prompt_uids)
-    if len(draw.indices) % multiple_of:
-        # Only whole-group draws (naive) miss k: drop the tail, cutting the last group short.
-        cut = len(draw.indices) // multiple_of * multiple_of
+    refill = 0 if step < config.effective_warmup else min(extra, len(store) - k)
+    if k + refill == 0:
+        return _fresh_only(fresh, inert=extra)
+    draw = sampler(store.view(), k + refill, step, rng, fresh_prompt_uids=fresh.prompt_uids)
+    # Only whole-group draws (naive) miss their count: drop the tail, cutting the last group short,
+    # to a whole multiple (no refill) or to at most the count asked for (the refill's inert rows complete it).
+    cut = len(draw.indices) // multiple_of * multiple_of if not extra else min(len(draw.indices), k + refill)
+    if cut != len(draw.indices):
         draw = Draw(draw.indices[:cut], draw.weights[:cut], dict(draw.info))
-    return Composition(fresh, store.gather(draw.indices), draw.weights, draw.indices, dict(draw.info))
+    refilled = max(0, min(refill, cut - k))
+    return Composition(fresh, store.gather(draw.indices), draw.weights, draw.indices, dict(draw.info),
+                       inert=extra - refilled, refilled=refilled)
 
 
 def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
@@ -184,5 +196,6 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _fresh_only(fresh: RolloutBatch, info: dict[str, float] | None = None) -> Composition:
-    return Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64), info or {})
+def _fresh_only(fresh: RolloutBatch, info: dict[str, float] | None = None, inert: int = 0) -> Composition:
+    return Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64), info or {},
+                       inert=inert)

@@ -112,6 +112,13 @@ class ReplayConfig:
     (`python -m openrlhf_replay.cli.build_success_pool`), loaded at start and replayed from the
     first step (replay.warmup does not apply to it); the run's own successes are then not added.
     Unset: the in-run pool (the run's own successes, from a prompt's second visit on)."""
+    refill: bool = False
+    """With upstream's dynamic filtering (--algo.dynamic_filtering_enable): a prompt group the
+    filter drops is not replaced by a newly generated prompt; replayed rollouts take its rows in
+    the step's batch instead (on top of the usual replayed share), so the step costs no extra
+    generation. What the buffer cannot supply (the warm-up, a small buffer) is taken by inert rows
+    (no loss), so every step trains as many rows as it generated. Not with mode success (RLEP's
+    replayed rows join a fresh group of their own prompt, and a filtered group has none)."""
     seed: int = 0
     """Seed of the buffer's own random generator (sampling)."""
     allow_empty_resume: bool = False
@@ -147,9 +154,15 @@ class ReplayConfig:
         _number("success_threshold", self.success_threshold)
         _number("min_abs_advantage", self.min_abs_advantage, low=0.0)
         _integer("seed", self.seed, low=0)
-        for name in ("replacement", "allow_empty_resume"):
+        for name in ("replacement", "allow_empty_resume", "refill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"replay.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.refill and self.mode in ("none", "success"):
+            raise ValueError(f"replay.refill fills the groups dynamic filtering drops with replayed rollouts, which "
+                             f"replay.mode {self.mode!r} cannot do" + (
+                                 " (nothing is replayed): pick a replay mode such as advantage" if self.mode == "none"
+                                 else " (RLEP's replayed successes join the fresh group of their own prompt, and a "
+                                 "filtered group has no rows left to join): unset replay.refill, or use another mode"))
         if self.eps == 0 and self.mode == "freshness":
             raise ValueError(f"replay.eps = {self.eps!r} in freshness mode gives a rollout of reward 0 the priority "
                              "0, with which it cannot be stored: make it positive (the default is 1e-6)")

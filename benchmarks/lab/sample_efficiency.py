@@ -148,6 +148,8 @@ def step_record(status: dict, a: Args, cond: str = "none") -> dict:
         "ppo_train_s": status["timing/ppo_train"],
         "broadcast_s": status["timing/broadcast"],
         "fresh_rollouts": fresh,
+        # Generated, the groups dynamic filtering dropped included (docs/METHOD.md section 4).
+        "generated_rollouts": status.get("replay/generated_rollouts", fresh),
         "replayed_rollouts": replayed,
         "optimizer_steps": epochs * (fresh + replayed + inert) / a.train_batch,
         "train_tokens": epochs * (fresh * fresh_len + replayed * replay_len),

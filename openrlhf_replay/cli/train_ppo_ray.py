@@ -103,11 +103,13 @@ def replay_arg_errors(args) -> list[str]:
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
     """Upstream training features replay cannot run with (KL RLEP cannot carry, RLEP with another
-    estimator, critic ranks that would not get equal shares, dynamic filtering, async training,
-    refresh without upstream's clipped IS correction). Any LR schedule runs (the actor and critic
-    pace it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and so do dynamic batching
-    (`openrlhf_replay/trainer/ray/dynamic_batch.py`) and a critic (`gae`: replayed rows' advantages are
-    recomputed against the current critic, `openrlhf_replay/trainer/ppo_utils/critic.py`)."""
+    estimator, critic ranks that would not get equal shares, async training, refresh without
+    upstream's clipped IS correction), and refill without dynamic filtering. Any LR schedule runs
+    (the actor and critic pace it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and so
+    do dynamic batching (`openrlhf_replay/trainer/ray/dynamic_batch.py`), dynamic filtering (a short
+    fresh batch is completed by inert rows, `experience_maker.py:share_for_ranks`) and a critic (`gae`:
+    replayed rows' advantages are recomputed against the current critic,
+    `openrlhf_replay/trainer/ppo_utils/critic.py`)."""
     errors = []
     estimator = args.algo.advantage.estimator
     if config.mode == "success" and estimator not in RLEP_ESTIMATORS:
@@ -117,9 +119,10 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     if args.train.async_enable:
         errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
                       "this project does not extend); turn it off")
-    if args.algo.dynamic_filtering_enable:
-        errors.append("--algo.dynamic_filtering_enable makes the fresh batch size vary per step, so the replayed "
-                      "share cannot be spread evenly over ranks; turn it off (replay already skips zero-advantage groups)")
+    if config.refill and not args.algo.dynamic_filtering_enable:
+        errors.append("--replay.refill fills the prompt groups dynamic filtering drops with replayed rollouts, and "
+                      "dynamic filtering is off: add --algo.dynamic_filtering_enable (and its "
+                      "--algo.dynamic_filtering_range), or drop --replay.refill")
     kl_on = args.algo.kl.init_coef > 0  # KL in the reward or as a loss: docs/METHOD.md section 2, "KL"
     if kl_on and not args.algo.kl.use_loss and config.mode == "success":
         errors.append("--replay.mode success recomputes its enlarged groups' advantages, which would drop the KL "
@@ -222,7 +225,12 @@ def describe_replay(args) -> str:
                 f"{pool}, completed by inert rows to whole --train.batch_size "
                 f"{args.train.batch_size} batches (at most {k} rows); pi_old of replayed rows: "
                 f"{config.effective_off_policy}")
-    return f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step {config.warmup}{note}"
+    refill = (" (with dynamic filtering, of the fresh rollouts kept); with --replay.refill, replayed rollouts "
+              "also take the rows of the groups it drops (inert rows where the buffer has none)") \
+        if config.refill else (" (with dynamic filtering, of the fresh rollouts kept)"
+                               if args.algo.dynamic_filtering_enable else "")
+    return (f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step "
+            f"{config.warmup}{note}{refill}")
 
 
 def _install_replay_classes(stack: contextlib.ExitStack) -> None:

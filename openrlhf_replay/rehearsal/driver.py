@@ -90,7 +90,7 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
                   do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
                   temperature=args.rollout.temperature, top_p=args.rollout.top_p)
     sg = trainer.samples_generator
-    sg._generate_vllm = Generation(sg, trainer.tokenizer, args, settings, rng)
+    sg._dispatch_prompts_to_vllm = Generation(sg, trainer.tokenizer, args, settings, rng)
 
     generate = sg.generate_samples
 
@@ -132,6 +132,10 @@ def _step_figures(status: dict, ranks: list[Rank]) -> dict:
     return {
         "fresh": int(status.get("rollout/num_samples", 0)),
         "replayed": int(status.get("replay/replayed", 0)),
+        # Dynamic filtering: rollouts generated (the filtered ones included), filtered, refilled by replay.
+        "generated": int(status.get("replay/generated_rollouts", status.get("rollout/num_samples", 0))),
+        "filtered": int(status.get("replay/filtered_rollouts", 0)),
+        "refilled": int(status.get("replay/refilled_rows", 0)), "inert": int(status.get("replay/inert_rows", 0)),
         "age_mean": status.get("replay/age_mean"), "age_max": status.get("replay/age_max"),
         # What the step's draw could choose from (RLEP: stored successes of the step's prompts).
         "candidates": int(status.get("replay/candidates", 0)),
@@ -378,6 +382,9 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
                   "rollout_micro_batch": args.rollout.micro_batch_size,
                   "accumulation": ranks[0].accumulation if ranks else None},
         "fresh_per_step": spread([s["fresh"] for s in steps]),
+        "rollouts_generated": sum(s["generated"] for s in steps),
+        "rollouts_filtered": sum(s["filtered"] for s in steps),
+        "rows_refilled": sum(s["refilled"] for s in steps),
         "replayed_per_step": replay_distribution(steps, after_warmup),
         "optimizer_steps_per_step": spread(per_step_opt) | {
             "mean": statistics.fmean(per_step_opt) if per_step_opt else None},

@@ -21,6 +21,9 @@ from openrlhf.trainer.ray.launcher import BaseModelActor, RayActorGroup
 from infra.models import train_tokenizer
 from openrlhf_replay.trainer.ray.dynamic_batch import dynamic_steps
 from openrlhf_replay.utils import data_parallel_ranks
+from replay import ReplayConfig
+
+ReplayConfigOf = ReplayConfig.from_namespace
 
 # Deferred imports here (the experience helpers, upstream's samples generator) pull in upstream
 # modules the CPU platform adapts (its replay buffer): they are imported only once the driver has
@@ -90,10 +93,12 @@ class Rank:
 
     def append(self, experience) -> None:
         """Upstream's actor splits each Experience into its rows (`NaiveReplayBuffer.append`)."""
-        from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY
+        from openrlhf_replay.trainer.ppo_utils.experience import REFILL_KEY, REPLAYED_KEY
 
         flags = experience.info.get(REPLAYED_KEY)  # a list after upstream's balance_experiences
         replayed_rows = 0 if flags is None else int(torch.as_tensor(flags).bool().sum())
+        refill = experience.info.get(REFILL_KEY)  # refill's rows pace the LR as the fresh rows they stand for
+        replayed_rows -= 0 if refill is None else int(torch.as_tensor(refill).bool().sum())
         self.received["replayed" if replayed_rows else "fresh"] += 1
         self.received["rows"] += len(experience.sequences)
         self.received["replayed_rows"] += replayed_rows
@@ -166,16 +171,20 @@ class _Local:
 
 @contextlib.contextmanager
 def in_process_object_store():
-    """`ray.put` wraps an object, `ray.get` unwraps it (lists too), for the rehearsal's duration."""
+    """`ray.put` wraps an object, `ray.get` unwraps it (lists too), `ray.wait` finds every object
+    ready, for the rehearsal's duration."""
     def get(refs, *args, **kwargs):
         return [get(r) for r in refs] if isinstance(refs, list) else refs.value
 
-    put, original_get = ray.put, ray.get
-    ray.put, ray.get = _Local, get
+    def wait(refs, num_returns=1, **kwargs):  # every object is ready at once
+        return list(refs[:num_returns]), list(refs[num_returns:])
+
+    put, original_get, original_wait = ray.put, ray.get, ray.wait
+    ray.put, ray.get, ray.wait = _Local, get, wait
     try:
         yield
     finally:
-        ray.put, ray.get = put, original_get
+        ray.put, ray.get, ray.wait = put, original_get, original_wait
 
 
 class _Stub:
@@ -210,7 +219,7 @@ class Shadow:
     def step(self, n_fresh: int, composition, step: int) -> None:
         """The shape-dependent part of one step, on stubs: what `ReplayExperienceMaker` and upstream
         do with the step's fresh and replayed rows at this shape."""
-        from openrlhf_replay.trainer.ppo_utils.experience_maker import arrange_for_ranks, replayed_for_ranks
+        from openrlhf_replay.trainer.ppo_utils.experience_maker import arrange_for_ranks, share_for_ranks
 
         if self.crash:
             return
@@ -220,10 +229,13 @@ class Shadow:
             ray.get(self.group.async_run_method_batch(method_name="forward", sequences=fresh))
             batch = fresh
             if composition is not None:
-                # The experience maker's own split (with RLEP's inert rows), at this shape's rank count.
-                per_rank = [[_Stub(min(micro, len(rows) - lo), True) for lo in range(0, len(rows), micro)]
-                            for rows, _, _ in replayed_for_ranks(composition, data_parallel_ranks(self.args))]
-                batch = arrange_for_ranks(fresh, per_rank)
+                # The experience maker's own share (with its inert rows), at this shape's rank count.
+                dynamic = self.args.train.dynamic_batch_enable
+                shares = share_for_ranks([len(f.sequences) for f in fresh], composition, data_parallel_ranks(self.args),
+                                         self.args.train.batch_size, micro, like=composition.fresh,
+                                         refill=ReplayConfigOf(self.args).refill, rebalanced=dynamic)
+                per_rank = [[_Stub(hi - lo, True) for lo, hi in s.parts] for s in shares]
+                batch = arrange_for_ranks(fresh, per_rank, [s.fresh for s in shares], equal=not dynamic)
             ray.get(self.group.async_run_method_batch(method_name="append", experience=batch))
             ray.get(self.group.async_run_method(method_name="fit"))
             self.steps += 1
@@ -293,29 +305,30 @@ class Generation:
     def prompt_ids(self, prompt: str) -> list[int]:
         return stand_in_prompt_ids(prompt, self.vocab, self.settings)
 
-    def __call__(self, dataloader_iter, num_prompts: int, dynamic_filtering=False, **generate_kwargs):
-        from openrlhf.trainer.ppo_utils.samples_generator import _collect_prompt_batch
-
-        prompts, labels, _, exhausted = _collect_prompt_batch(dataloader_iter, num_prompts)
-        if not prompts:
-            return [], 0, True
-        n, cap = self.args.rollout.n_samples_per_prompt, self.args.rollout.max_new_tokens
+    def __call__(self, prompts, labels, *, images=None, **generate_kwargs):
+        """Upstream's `_dispatch_prompts_to_vllm`: one object reference per prompt, holding its `n`
+        responses as vLLM's `generate_responses` returns them (rewards included), so upstream's own
+        `_generate_vllm` loop runs: dynamic filtering and its replacement prompts, or refill's none."""
+        n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
+        cap = self.args.rollout.max_new_tokens
         with_log_probs = self.args.algo.advantage.is_correction_level != "off"
-        experiences = []
+        refs = []
         for prompt, label in zip(prompts, labels):
             ids = self.prompt_ids(prompt)
             if prompt not in self.solve:
                 self.solve[prompt] = solve_probability(prompt, self.settings)
             p = self.solve[prompt]
             lengths = self.rng.geometric(1 / self.settings.response_tokens, size=n)
+            responses = []
             for length, correct in zip(lengths, self.rng.random(n) < p):
                 length = int(min(length, cap))
                 response = self.rng.integers(3, self.vocab, length).tolist()
                 reward = float(correct)
                 observation = ids + response
-                experiences.append(self.sg._process_response_into_experience({
+                responses.append({
                     "observation_tokens": observation, "action_ranges": [(len(ids), len(observation))],
                     "reward": reward, "scores": reward, "prompt": prompt, "label": label, "truncated": length >= cap,
                     "rollout_log_probs": (-self.rng.exponential(size=len(observation))).tolist() if with_log_probs
-                    else None, "extra_logs": {}}, **generate_kwargs))
-        return experiences, len(prompts), exhausted
+                    else None, "extra_logs": {}})
+            refs.append(_Local(responses))
+        return refs

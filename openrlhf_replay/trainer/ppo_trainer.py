@@ -20,6 +20,7 @@ from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, stored_token_columns, split_by_row_kind
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
+from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
 from openrlhf_replay.utils import undecorated
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
@@ -50,6 +51,8 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
         if self.replay.pool is not None:
             check_success_pool(self.replay.pool, self.tokenizer, self.prompts_dataloader.dataset.prompts,
                                max_prompt_len(self.args.data.max_len, self.args.rollout.max_new_tokens))
+        if self.args.algo.dynamic_filtering_enable:  # counts what it filters; refill: no replacement
+            self.samples_generator.__class__ = ReplaySamplesGenerator
         self.experience_maker = ReplayExperienceMaker(
             self.actor_model_group, self.critic_model_group, self.reward_model_group, self.reference_model_group,
             self.kl_ctl, self.strategy, self.tokenizer, replay_buffer=self.replay,
@@ -59,6 +62,8 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
 
     def train_step(self, rollout_samples, global_step):
         self.experience_maker.step = global_step
+        counts = getattr(self.samples_generator, "counts", None)  # set by ReplaySamplesGenerator
+        self.experience_maker.refill_rows = counts.refill if counts is not None else 0
         status, next_step = super().train_step(rollout_samples, global_step)
         faults = self.experience_maker.reward_faults
         if faults is not None:
@@ -71,6 +76,7 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
             status.update(split_by_row_kind(status))
             status.update(self.replay.metrics())
             status["replay/overhead_s"] = self.experience_maker.replay_seconds
+            status.update(rollout_accounting(len(rollout_samples), counts, self.experience_maker))
         return status, next_step
 
     def _compute_rollout_stats(self, experiences):
@@ -96,6 +102,20 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
             self.replay = restore_replay_state(states, self.args, self.replay_config)
             self.experience_maker.replay = self.replay
         return states
+
+
+def rollout_accounting(fresh: int, counts, maker) -> dict[str, float]:
+    """The step's rollouts, honestly counted: generated (the filtered ones included; without dynamic
+    filtering, the fresh batch itself), filtered, and with refill the rows replay took in their
+    place (`refilled_rows`, and their share of the rows trained) and the inert rows of the step."""
+    comp = maker.composition
+    refilled = comp.refilled if comp is not None else 0
+    trained = fresh + (len(comp.replayed) if comp is not None else 0) + maker.inert_rows
+    out = {"replay/generated_rollouts": float(fresh), "replay/filtered_rollouts": 0.0}
+    if counts is not None:
+        out |= counts.metrics()
+    return out | {"replay/refilled_rows": float(refilled), "replay/refilled_share": refilled / max(trained, 1),
+                  "replay/inert_rows": float(maker.inert_rows)}
 
 
 def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:

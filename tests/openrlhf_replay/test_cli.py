@@ -53,6 +53,7 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz"], "no such replay checkpoint"),
     (["--rollout.batch_size", "3"], "multiple of"),
     (["--replay.mode", "success", "--algo.advantage.estimator", "rloo"], "recomputes group advantages"),
+    (["--replay.refill"], "add --algo.dynamic_filtering_enable"),  # nothing to refill
 ])
 def test_combinations_replay_cannot_run_are_refused(make_args, extra, fragment):
     args = make_args("--replay.mode", "advantage", *extra)
@@ -81,6 +82,15 @@ def test_a_valid_replay_configuration_passes(make_args):
         assert replay_arg_errors(make_args("--replay.mode", "advantage", "--algo.advantage.estimator", "gae",
                                            "--critic.num_gpus_per_node", "1", "--rollout.n_samples_per_prompt", n,
                                            "--algo.kl.init_coef", "0.01")) == []
+    # dynamic filtering, with and without refill (docs/METHOD.md section 2, "Dynamic filtering")
+    for mode in ("advantage", "success"):
+        assert replay_arg_errors(make_args("--replay.mode", mode, "--algo.dynamic_filtering_enable")) == []
+    assert replay_arg_errors(make_args("--replay.mode", "uniform", "--algo.dynamic_filtering_enable",
+                                       "--replay.refill")) == []
+    # RLEP cannot refill (its replayed rows join a fresh group of their prompt); replay off has nothing to refill
+    for mode, fragment in (("success", "a filtered group has no rows left to join"), ("none", "pick a replay mode")):
+        with pytest.raises(ValueError, match=fragment):
+            replay_arg_errors(make_args("--replay.mode", mode, "--algo.dynamic_filtering_enable", "--replay.refill"))
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 

@@ -20,7 +20,8 @@ from replay import RolloutBatch
 REPLAYED_KEY = "replay/is_replayed"  # info key: 1.0 on replayed rows, 0.0 on fresh ones
 IS_WEIGHT_KEY = "replay/row_is_weight"  # info key: importance weight folded into a replayed advantage
 AGE_KEY = "replay/row_age"  # info key: steps since the row was generated (0 for fresh rows)
-INERT_KEY = "replay/is_inert"  # info key: 1.0 on rows without loss that complete RLEP's last batch
+INERT_KEY = "replay/is_inert"  # info key: 1.0 on rows without loss that complete a step's last batch
+REFILL_KEY = "replay/is_refill"  # info key: 1.0 on rows standing for filtered ones (--replay.refill)
 
 
 def stored_token_columns(args) -> tuple[str, ...]:
@@ -286,6 +287,7 @@ def mark_fresh(experiences: list[Experience]) -> None:
         exp.info[IS_WEIGHT_KEY] = torch.ones(n)
         exp.info[AGE_KEY] = torch.zeros(n)
         exp.info[INERT_KEY] = torch.zeros(n)
+        exp.info[REFILL_KEY] = torch.zeros(n)
 
 
 def set_advantages(experiences: list[Experience], advantages: np.ndarray) -> None:

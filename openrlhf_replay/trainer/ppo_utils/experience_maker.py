@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 from openrlhf.trainer.ppo_utils.experience import Experience
@@ -23,6 +24,7 @@ from openrlhf_replay.trainer.ppo_utils.critic import GaeCall, Whitening, padded_
 from openrlhf_replay.trainer.ppo_utils.experience import (
     INERT_KEY,
     IS_WEIGHT_KEY,
+    REFILL_KEY,
     experiences_to_rollouts,
     mark_fresh,
     rollouts_to_experiences,
@@ -52,6 +54,8 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.composition = None  # the last step's fresh + replayed rollouts (`replay.Composition`)
         self.reward_faults = None  # the last step's samples scored 0 for a failed reward (`RewardFaults`)
         self._gae_calls: list[GaeCall] | None = None  # upstream's GAE calls on the fresh rows, while recorded
+        self.refill_rows = 0  # rows dynamic filtering dropped this step, for replay to take (--replay.refill)
+        self.inert_rows = 0  # rows without loss the last step added (all kinds)
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
         """One replay step as the trainer runs it, top-down (README, "One training step")."""
@@ -73,31 +77,42 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
                                            token_columns=self.replay.token_columns, kl_coef=kl_coef,
                                            token_rewards=[c.rewards for c in gae_calls] if critic else None)
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
-                                divide_by_std=args.algo.advantage.estimator != "dr_grpo")
+                                divide_by_std=args.algo.advantage.estimator != "dr_grpo", refill=self.refill_rows)
         if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
         # 3. The replayed rows into the loss: micro-batches shaped like the fresh ones, per rank,
-        # with their importance weights (and RLEP's inert rows), pi_old as --replay.off_policy says.
+        # with their importance weights, and the inert rows that complete the step to whole training
+        # batches (RLEP's count, a short fresh batch, refill's shortfall); pi_old as --replay.off_policy says.
+        shares = share_for_ranks([len(e.sequences) for e in fresh], comp, data_parallel_ranks(args),
+                                 args.train.batch_size, args.rollout.micro_batch_size, like=rollouts,
+                                 refill=self.replay.config.refill, rebalanced=args.train.dynamic_batch_enable)
         per_rank, token_rewards = [], []
-        for rows, weights, inert in replayed_for_ranks(comp, data_parallel_ranks(args)):
-            part = rollouts_to_experiences(rows, fresh[0], args.rollout.micro_batch_size,
-                                           self.tokenizer.pad_token_id, step=self.step, is_weights=weights,
-                                           kl_coef=kl_coef)
-            set_row_flags(part, INERT_KEY, inert)
+        for share in shares:
+            part = []
+            for lo, hi in share.parts:
+                rows = share.rows.select(np.arange(lo, hi))
+                part += rollouts_to_experiences(rows, fresh[0], hi - lo, self.tokenizer.pad_token_id, step=self.step,
+                                                is_weights=share.weights[lo:hi], kl_coef=kl_coef)
+                if critic:
+                    token_rewards += padded_token_rewards(rows, hi - lo, self.tokenizer.pad_token_id)
+            set_row_flags(part, INERT_KEY, share.inert)
+            set_row_flags(part, REFILL_KEY, share.refill)
             per_rank.append(part)
-            if critic:
-                token_rewards += padded_token_rewards(rows, args.rollout.micro_batch_size, self.tokenizer.pad_token_id)
         self.replay_seconds = time.perf_counter() - t0
         self.composition = comp
+        self.inert_rows = sum(int(share.inert.sum()) for share in shares)
         replayed = [e for part in per_rank for e in part]
         if self.replay.config.effective_off_policy in ("refresh", "recompute") and len(comp.replayed):
             self._refresh_old_log_probs(replayed)
-        if critic and len(comp.replayed):  # against the current critic, whitened as the fresh rows
+        if critic and replayed:  # against the current critic, whitened as the fresh rows (inert rows too:
+            # the critic's loss reads every row's values and returns)
             self._critic_advantages(replayed, token_rewards,
                                     Whitening.of(gae_calls, args.algo.advantage.no_std_norm))
-        # 4. Every rank's chunk holds the same fresh and replayed share. What is logged comes after
-        # the update: `ppo_trainer.py:train_step` adds `self.replay.metrics()` and per-kind statistics.
-        batch = arrange_for_ranks(fresh, per_rank)
+        # 4. Every rank's chunk holds the same rows and the same number of micro-batches. What is
+        # logged comes after the update: `ppo_trainer.py:train_step` adds `self.replay.metrics()`,
+        # the step's rollout accounting and per-kind statistics.
+        batch = arrange_for_ranks(fresh, per_rank, [share.fresh for share in shares],
+                                  equal=not args.train.dynamic_batch_enable)
         dump_step(self.step, batch, comp)
         return batch
 
@@ -152,28 +167,98 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         return advantages, returns
 
 
-def replayed_for_ranks(comp, ranks: int) -> list[tuple[RolloutBatch, np.ndarray, np.ndarray]]:
-    """Each rank's replayed rows, their importance weights and inert flags (bool): the step's
-    replayed rollouts, plus the inert rows that complete RLEP's exact count to whole training
-    batches (`comp.inert`), shared out every ranks-th row; without inert rows, contiguous slices."""
-    replayed, weights, inert = comp.replayed, comp.weights, np.zeros(len(comp.replayed), np.bool_)
-    if comp.inert:
-        replayed = RolloutBatch.concat([replayed, inert_rollouts(replayed, comp.inert)])
-        weights = np.r_[weights, np.zeros(comp.inert, np.float32)]
-        inert = np.r_[inert, np.ones(comp.inert, np.bool_)]
-    return [(replayed.select(idx), weights[idx], inert[idx])
-            for idx in _rank_rows(len(replayed), ranks, strided=bool(comp.inert))]
+@dataclass
+class RankShare:
+    """One data-parallel rank's part of a step: its fresh micro-batches (a slice of the fresh list)
+    and its replayed rows (RLEP's, refill's and completing inert rows among them, flagged), cut
+    into micro-batches (`parts`, row ranges) so that every rank gets as many items as the others."""
+
+    fresh: slice
+    rows: RolloutBatch
+    weights: np.ndarray  # (rows,) float32 importance weights, 0 on inert rows
+    inert: np.ndarray  # (rows,) bool: rows without loss
+    refill: np.ndarray  # (rows,) bool: rows that stand for filtered ones (--replay.refill; paces the LR as fresh)
+    parts: list[tuple[int, int]]
 
 
-def _rank_rows(n: int, ranks: int, strided: bool = False):
-    """Each rank's row indices: `ranks` equal parts of n (the caller made n a multiple of `ranks`),
-    contiguous, or every ranks-th row from the rank's own (so rows without loss at the end of the
-    list are shared out evenly)."""
-    if n % ranks:
-        raise ValueError(f"{n} replayed rollouts cannot be split evenly over {ranks} ranks")
-    size = n // ranks
+def share_for_ranks(fresh_sizes: list[int], comp, ranks: int, batch_rows: int, micro: int, *,
+                    like: RolloutBatch | None = None, refill: bool = False, rebalanced: bool = False
+                    ) -> list[RankShare]:
+    """The rule that keeps data-parallel ranks equal (docs/METHOD.md section 2, "Dynamic filtering"):
+    the step trains fresh + replayed rows completed by inert rows to whole training batches of
+    `batch_rows`, and every rank gets the same number of rows and of micro-batches.
+
+    The fresh micro-batches (`fresh_sizes` rows each) go to the ranks in contiguous runs whose
+    lengths differ by at most one; each rank's replayed rows fill it up to the step's rows / ranks.
+    A full fresh batch (the launcher makes it split evenly) gives every rank the same fresh share
+    and `micro`-row replayed micro-batches, as before; a short one (the last step of an epoch under
+    dynamic filtering, or refill's filtered groups) gives the ranks with fewer fresh rows more
+    replayed or inert ones. Inert rows are `inert_rollouts` of the replayed rows, else of `like`
+    (the fresh rollouts). `refill`: the composition's inert rows are refill's shortfall.
+    `rebalanced` (dynamic batching, whose `balance_experiences` deals every row over the ranks again
+    by length): only the step's total must split evenly; the replayed rows are shared out evenly."""
+    n_fresh = sum(fresh_sizes)
+    replayed, weights = comp.replayed, comp.weights
+    inert_n = comp.inert + -(n_fresh + len(replayed) + comp.inert) % batch_rows
+    is_inert = np.r_[np.zeros(len(replayed), np.bool_), np.ones(inert_n, np.bool_)]
+    is_refill = np.zeros(len(is_inert), np.bool_)
+    is_refill[len(replayed) - comp.refilled:len(replayed) + (comp.inert if refill else 0)] = True
+    if inert_n:
+        source = replayed if len(replayed) else like
+        if source is None or not len(source):
+            raise ValueError(f"{inert_n} inert rows are needed, but there are no rows to shape them from")
+        replayed = RolloutBatch.concat([replayed, inert_rollouts(source, inert_n)])
+        weights = np.r_[weights, np.zeros(inert_n, np.float32)]
+    total = n_fresh + len(replayed)
+    if total % ranks:
+        raise ValueError(f"{total} rows (fresh + replayed + inert) cannot be split evenly over {ranks} ranks")
+    per_rank = total // ranks
+    base, more = divmod(len(fresh_sizes), ranks)
+    bounds = np.cumsum([0] + [base + (r < more) for r in range(ranks)])
+    fresh_rows = [sum(fresh_sizes[bounds[r]:bounds[r + 1]]) for r in range(ranks)]
+    needs = [per_rank - f for f in fresh_rows]
+    if rebalanced:
+        needs = [len(replayed) // ranks + (r < len(replayed) % ranks) for r in range(ranks)]
+    if min(needs) < 0:
+        raise ValueError(f"a rank holds {max(fresh_rows)} fresh rows, more than its {per_rank} of the step's {total}")
+    rows_of = _deal(needs, strided=bool(inert_n))
+    fresh_items = [bounds[r + 1] - bounds[r] for r in range(ranks)]
+    items = max(fresh_items[r] + -(-needs[r] // micro) for r in range(ranks))
+    shares = []
     for r in range(ranks):
-        yield np.arange(r, n, ranks) if strided else np.arange(r * size, (r + 1) * size)
+        idx, parts_n = rows_of[r], items - fresh_items[r]
+        if rebalanced:
+            parts_n = -(-len(idx) // micro)
+        if parts_n > len(idx) or (len(idx) and not parts_n):
+            raise ValueError(f"rank {r}'s {len(idx)} replayed rows cannot make {parts_n} micro-batches "
+                             f"beside its {bounds[r + 1] - bounds[r]} fresh ones")
+        cuts = np.cumsum([0] + [len(idx) // parts_n + (i < len(idx) % parts_n) for i in range(parts_n)])
+        shares.append(RankShare(slice(bounds[r], bounds[r + 1]), replayed.select(idx), weights[idx],
+                                is_inert[idx], is_refill[idx], list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))))
+    return shares
+
+
+def _deal(needs: list[int], strided: bool) -> list[np.ndarray]:
+    """Row indices for each rank, needs[r] of them: contiguous runs, or (`strided`, so rows without
+    loss at the end of the list are shared out) round-robin over the ranks that still need rows."""
+    if not strided:
+        ends = np.cumsum([0] + needs)
+        return [np.arange(ends[r], ends[r + 1]) for r in range(len(needs))]
+    out, left, row = [[] for _ in needs], list(needs), 0
+    while any(left):
+        for r in range(len(needs)):
+            if left[r]:
+                out[r].append(row)
+                left[r] -= 1
+                row += 1
+    return [np.asarray(o, np.int64) for o in out]
+
+
+def replayed_for_ranks(comp, ranks: int) -> list[tuple[RolloutBatch, np.ndarray, np.ndarray]]:
+    """Each rank's replayed rows, their importance weights and inert flags (bool) beside a full
+    fresh batch: `share_for_ranks` with no fresh rows to place."""
+    return [(s.rows, s.weights, s.inert)
+            for s in share_for_ranks([], comp, ranks, 1 if not comp.inert else len(comp.replayed) + comp.inert, 1)]
 
 
 def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
@@ -187,18 +272,23 @@ def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
     return rows.replace(**{c: np.zeros(n, np.float32) for c in like.token_columns})  # KL's columns, 0
 
 
-def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]]) -> list[Experience]:
-    """Rank r's contiguous chunk = its share of the fresh micro-batches + its replayed micro-batches.
+def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]],
+                      fresh_per_rank: list[slice] | None = None, equal: bool = True) -> list[Experience]:
+    """Rank r's contiguous chunk = its share of the fresh micro-batches (`fresh_per_rank[r]`, else
+    an equal share) + its replayed micro-batches. `equal=False` (dynamic batching, where upstream
+    deals the rows again): the chunks may differ.
 
     Upstream cuts the list into `ranks` chunks of ceil(len / ranks): with the same number of items
     per rank, the cuts fall exactly on these boundaries.
     """
     ranks = len(replayed_per_rank)
-    if len(fresh) % ranks:
-        raise ValueError(f"{len(fresh)} fresh micro-batches cannot be split evenly over {ranks} ranks")
-    share = len(fresh) // ranks
-    out = []
-    for r, replayed in enumerate(replayed_per_rank):
-        out.extend(fresh[r * share : (r + 1) * share])
-        out.extend(replayed)
-    return out
+    if fresh_per_rank is None:
+        if len(fresh) % ranks:
+            raise ValueError(f"{len(fresh)} fresh micro-batches cannot be split evenly over {ranks} ranks")
+        share = len(fresh) // ranks
+        fresh_per_rank = [slice(r * share, (r + 1) * share) for r in range(ranks)]
+    chunks = [fresh[cut] + list(replayed) for cut, replayed in zip(fresh_per_rank, replayed_per_rank)]
+    if equal and len({len(c) for c in chunks}) != 1:
+        raise ValueError(f"the ranks would get {[len(c) for c in chunks]} micro-batches; upstream's chunking "
+                         "needs the same number on every rank")
+    return [e for chunk in chunks for e in chunk]

@@ -30,7 +30,7 @@ from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
-from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REPLAYED_KEY, per_kind
+from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REFILL_KEY, REPLAYED_KEY, per_kind
 from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
 from openrlhf_replay.utils import undecorated
 from replay import ReplayConfig
@@ -163,7 +163,10 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
         replayed_rows = 0 if flags is None else int(torch.as_tensor(flags).bool().sum())
         self._received["replayed" if replayed_rows else "fresh"] += 1
         self._received["rows"] += len(experience.sequences)
-        self._received["fresh_rows"] += len(experience.sequences) - replayed_rows
+        # The LR is paced by the rows the step generated: refill's rows stand for filtered fresh ones.
+        refill = experience.info.get(REFILL_KEY)
+        refill_rows = 0 if refill is None else int(torch.as_tensor(refill).bool().sum())
+        self._received["fresh_rows"] += len(experience.sequences) - replayed_rows + refill_rows
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0):
