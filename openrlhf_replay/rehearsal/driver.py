@@ -5,7 +5,6 @@ what it saw (`report.py` renders it). What a rehearsal checks: the package docst
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -15,7 +14,6 @@ import math
 import os
 import shlex
 import statistics
-import sys
 import tempfile
 import time
 import traceback
@@ -27,17 +25,14 @@ import numpy as np
 from openrlhf_replay.cli.train_ppo_ray import describe_replay
 from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, flatten_args, launch_errors,
                                           resolve_training, split_command)
-import openrlhf_replay.rehearsal as package
 from openrlhf_replay.cpu import DEVICE_ENV, _hook
 from openrlhf_replay.rehearsal.pool import build_stand_in_pool, missing_pool
-from openrlhf_replay.rehearsal.report import (TABLE_HEADER, markdown, off_policy, replay_distribution, spread,
-                                              table_row)
+from openrlhf_replay.rehearsal.report import off_policy, replay_distribution, spread
 from openrlhf_replay.rehearsal.standins import (Generation, Rank, Settings, Shadow, ShadowRank, actor_group,
                                                 in_process_object_store, write_tokenizer)
 from openrlhf_replay.utils import undecorated, world_size
 from replay import ReplayConfig
 from replay.checkpoint import state_digest
-from replay.config import field_help
 
 # Deferred imports (upstream's trainer and strategy, this project's controller, the LR scheduler)
 # load upstream modules the CPU platform adapts: they come after `_rehearsal_environment` has
@@ -416,42 +411,3 @@ def _accumulate(values):
     for v in values:
         total += v
         yield total
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m openrlhf_replay.rehearsal", description=package.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for name, default in vars(Settings()).items():
-        if name == "shape":
-            parser.add_argument("--shape", action="append", default=[], metavar="FLAGS", help=_field_doc(name))
-            continue
-        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default,
-                            help=_field_doc(name))
-    parser.add_argument("--report", type=Path, metavar="PATH",
-                        help="also write the JSON report to PATH (its folder is created); "
-                        "`python -m openrlhf_replay.rehearsal.report` reads such files")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        parser.error("no command given: pass -- python -m <launcher> <arguments>")
-    try:
-        settings = Settings(**{k: tuple(v) if k == "shape" else v for k, v in vars(args).items()
-                               if k not in ("command", "report")})
-        report = rehearse(command, settings, log=lambda text: print(text, file=sys.stderr, flush=True))
-    except (Invalid, ValueError) as e:
-        print(f"rehearse: {e}", file=sys.stderr)
-        return 2
-    if "replayed_per_step" in report:  # a run refused before its start has no figures to tabulate
-        print(markdown(TABLE_HEADER, [table_row("this run", report)]), file=sys.stderr)
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report) + "\n", encoding="utf-8")
-    print(json.dumps(report))
-    ok = all(s["crash"] is None for s in report.get("shapes", [report]))
-    return 0 if ok and report["steps_completed"] == report["steps_expected"] else 1
-
-
-def _field_doc(name: str) -> str:
-    return field_help(Settings)[name].replace("%", "%%")
-
