@@ -1,6 +1,6 @@
 """The real GRPO pipeline on the CPU platform, end to end, with a tiny random Qwen3.
 
-Three runs of `python -m openrlhf_replay.cli.train_ppo_ray` (Ray, vLLM CPU engine, DeepSpeed
+Four runs of `python -m openrlhf_replay.cli.train_ppo_ray` (Ray, vLLM CPU engine, DeepSpeed
 ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
 
 - `replay`: advantage-prioritised replay (warm-up 1) with two DeepSpeed ranks and one vLLM
@@ -11,6 +11,8 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
   (token-budget micro-batches, replayed rows packed as fresh ones); PPO with a critic (`gae`, the
   tiny model as critic, one rank), so replayed rows get the current critic's values and GAE
   advantages, and the critic trains on them; its batches dumped (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`);
+- `filter`: dynamic filtering with `--replay.refill`, uniform replay, two ranks, a reward that
+  makes half the prompts' groups constant (`filter_reward.py`), so the filter drops them;
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
@@ -47,6 +49,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 REWARD = Path(__file__).with_name("parity_reward.py")
+FILTER_REWARD = Path(__file__).with_name("filter_reward.py")
 RUN_TIMEOUT_S = 600
 STEPS_PER_EPISODE = 2  # data.max_samples / rollout.batch_size
 
@@ -128,7 +131,8 @@ def runs(tmp_path_factory):
                   env_extra={"OPENRLHF_REPLAY_DEBUG_DUMP_DIR": str(tmp / "replay" / "dump")})
     rlep = _run(tmp, "rlep", _rlep_argv(tmp, model, _build_pool(tmp, model)),
                 env_extra={"OPENRLHF_REPLAY_DEBUG_DUMP_DIR": str(tmp / "rlep" / "dump")})
-    runs = {"replay": replay, "control": control, "rlep": rlep}
+    filtered = _run(tmp, "filter", _filter_argv(tmp, model))
+    runs = {"replay": replay, "control": control, "rlep": rlep, "filter": filtered}
     for name, run in runs.items():
         print(f"{name}: {run['seconds']:.0f} s")
     return {"model": model, **runs}
@@ -145,6 +149,20 @@ def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
             "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
             "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS, *DYNAMIC_BATCH,
             *CRITIC, "--critic.model_name_or_path", str(model)]
+
+
+def _filter_argv(tmp: Path, model: Path) -> list[str]:
+    """Dynamic filtering with refill, two ranks, uniform replay from step 2, three steps of 4
+    prompts: 12 prompts, half of them answered by a multiple of 3, whose groups the filter reward
+    makes constant and dynamic filtering drops."""
+    rows = [json.loads(line) for line in (tmp / "prompts.jsonl").read_text().splitlines()]
+    thirds = [r for r in rows if int(r["label"]) % 3 == 0][:6]
+    data = tmp / "filter_prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in thirds + [r for r in rows if r not in thirds][:6]))
+    return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data), "--data.max_samples", "12",
+            "--actor.num_gpus_per_node", "2", "--train.num_episodes", "1", "--reward.remote_url", str(FILTER_REWARD),
+            "--replay.mode", "uniform", "--replay.warmup", "1", "--replay.ratio", "0.5",
+            "--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.01", "0.99", "--replay.refill"]
 
 
 def _build_pool(tmp: Path, model: Path) -> Path:
@@ -264,6 +282,33 @@ def test_two_ranks_train_alike_across_an_episode_boundary(runs):
     low, high = _by_step(run, "replay/rank_weights_checksum_min"), _by_step(run, "replay/rank_weights_checksum_max")
     assert sorted(low) == [1, 2, 3, 4] and low == high, (low, high)
     assert len(set(low.values())) == 4  # the weights did change each step: the checksum sees it
+
+
+def test_dynamic_filtering_with_refill_trains_replayed_rows_in_the_dropped_groups_place(runs):
+    """No prompt replaces a dropped group (4 prompts generated a step, the dropped ones counted);
+    replayed rollouts take its rows after the warm-up, inert rows before it; both ranks train the
+    same rows and take the same optimizer steps on every step, fresh ones short or not."""
+    run = runs["filter"]
+    steps = [1, 2, 3]
+    generated, filtered = _by_step(run, "replay/generated_rollouts"), _by_step(run, "replay/filtered_rollouts")
+    assert generated == dict.fromkeys(steps, 16.0)  # 4 prompts x 4: refill generates no replacement
+    assert sum(filtered.values()) >= 8 and filtered[2] + filtered[3] > 0, filtered  # half the prompts are constant
+    fresh, replayed = _by_step(run, "replay/trained_rows_fresh"), _by_step(run, "replay/trained_rows_replayed")
+    inert, refilled = _by_step(run, "replay/trained_rows_inert"), _by_step(run, "replay/refilled_rows")
+    for t in steps:
+        assert fresh[t] == 16 - filtered[t]  # the groups kept, every row of them trained
+        assert replayed[t] == _by_step(run, "replay/replayed")[t]
+        usual = 0 if t == 1 else 8  # ratio 0.5 of the 16 generated, after the warm-up
+        assert replayed[t] == usual + refilled[t] and refilled[t] + inert[t] >= filtered[t]
+        assert (fresh[t] + replayed[t] + inert[t]) % 8 == 0  # whole training batches
+        for name, expected in (("trained_rows", (fresh[t] + replayed[t] + inert[t]) / 2),
+                               ("optimizer_steps", (fresh[t] + replayed[t] + inert[t]) / 8)):
+            low, high = _by_step(run, f"replay/rank_{name}_min")[t], _by_step(run, f"replay/rank_{name}_max")[t]
+            assert low == high == expected, (t, name, low, high)
+    assert refilled[1] == 0 and inert[1] == filtered[1]  # the warm-up: the dropped rows are inert
+    assert refilled[2] + refilled[3] > 0  # after it, replay stands in for them
+    assert all(math.isfinite(v) for v in _by_step(run, "policy_loss").values())
+    assert "replay.refill: dynamic filtering dropped" in run["log"]
 
 
 def test_the_critic_trains_on_replayed_rows_too(runs):
