@@ -61,17 +61,16 @@ def nominal_replay_count(n: int, ratio: float, multiple_of: int = 1) -> int:
 
 
 def replay_target(config: ReplayConfig, n_fresh: int, n_groups: int, multiple_of: int = 1) -> int:
-    """Rollouts one step replays once the store holds enough: the one rule per mode, used by the
-    composers, the launcher's checks and its start-up line.
+    """Rollouts one step replays once the store holds enough: the one rule per mode (its registry
+    entry's `target`), used by the composers, the launcher's checks and its start-up line.
 
     success (RLEP): `per_prompt` for each of the step's `n_groups` fresh groups, exact (the
     integration adds inert rows to complete its last training batch). A prompt that comes twice in
     a batch is served twice, as RLEP's loader samples replay for each question of its batch on its
-    own. Other modes: ratio x `n_fresh` in whole multiples of `multiple_of` (`nominal_replay_count`).
+    own. Fresh-anchored modes: ratio x `n_fresh` in whole multiples of `multiple_of`
+    (`nominal_replay_count`).
     """
-    if config.mode == "success":
-        return config.per_prompt * n_groups
-    return nominal_replay_count(n_fresh, config.ratio, multiple_of)
+    return config.entry.target(config, n_fresh, n_groups, multiple_of)
 
 
 def replay_count(target: int, step: int, warmup: int, available: int, multiple_of: int = 1) -> int:
