@@ -86,13 +86,13 @@ def _per_prompt_text(config, prompts: int, fresh: int) -> str:
 
 
 def _rlep_describe(config, args, rows: int) -> str:
-    pool = (f"the offline pool {config.success_pool}" if config.success_pool else
-            "the in-run pool (the run's own successes: a prompt's from its second visit, once per epoch)")
+    pool = (f"from the first step, from the offline pool {config.success_pool} (no warm-up: it is full before "
+            "the run)" if config.success_pool else f"after step {config.warmup}, from the in-run pool (the run's "
+            "own successes: a prompt's from its second visit, once per epoch)")
     return (f"replay: mode success (RLEP), up to {config.per_prompt} successes of each of the {args.rollout.batch_size} "
             f"prompts (min of that and its stored successes) join its group of {args.rollout.n_samples_per_prompt} "
-            f"after step {config.warmup}, from {pool}, completed by inert rows to whole --train.batch_size "
-            f"{args.train.batch_size} batches (at most {rows} rows); pi_old of replayed rows: "
-            f"{config.effective_off_policy}")
+            f"{pool}, completed by inert rows to whole --train.batch_size {args.train.batch_size} batches (at most "
+            f"{rows} rows); pi_old of replayed rows: {config.effective_off_policy}")
 
 
 def _compose_fresh_anchored(fresh, store, sampler, config, step, rng, multiple_of=1, *, divide_by_std=True):
