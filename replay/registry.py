@@ -13,7 +13,6 @@ the built-in entries (`replay/modes.py`) import the samplers and composers they 
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -176,11 +175,6 @@ def choices_help(table: Mapping[str, Any], first: str | None = None) -> str:
     return "; ".join(([first] if first else []) + [f"{e.name}: {e.help}" for e in table.values()])
 
 
-def replace(entry: ReplayMode, **changes: Any) -> ReplayMode:
-    """A copy of `entry` with `changes` (a new mode built from an existing one)."""
-    return dataclasses.replace(entry, **changes)
-
-
 __all__ = ["ModeHooks", "ReplayMode", "OffPolicyRule", "MODE_REGISTRY", "OFF_POLICY_REGISTRY", "NONE",
            "register_mode", "register_off_policy", "unregister_mode", "mode_names", "off_policy_names",
-           "get_mode", "get_off_policy", "choices_help", "replace"]
+           "get_mode", "get_off_policy", "choices_help"]
