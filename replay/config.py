@@ -34,8 +34,7 @@ class ReplayConfig:
     """Rollout-level replay for GRPO (docs/METHOD.md sections 2-3). Flags: `--replay.<field>`."""
 
     mode: str = "none"
-    """Replay variant, one entry of the registry (replay/modes.py); its choices and their help are
-    listed from it."""
+    """Replay variant, one entry of the registry (replay/modes.py):"""
     ratio: float = 0.5
     """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), halves up (the integration
     rounds to whole training batches). Not used by success mode (see per_prompt)."""
@@ -82,9 +81,8 @@ class ReplayConfig:
     """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups;
     not applied in success and freshness modes)."""
     off_policy: Optional[str] = None
-    """How replayed rows enter the loss (pi_old and the importance weight), one registered rule
-    (replay/modes.py), listed from it. Unset: the mode's default (recompute for success, stale for
-    the others)."""
+    """How replayed rows enter the loss (pi_old and the importance weight); unset: the mode's
+    default (recompute for success, stale for the others). One registered rule (replay/modes.py):"""
     m2_threshold: float = 0.04
     """M2PO (--replay.off_policy m2po): each micro-batch masks its tokens of largest
     (log pi_old - log pi_behaviour)^2 until the mean of the rest is below this (AReaL's
@@ -221,12 +219,12 @@ class ReplayConfig:
         group = parser.add_argument_group(prefix, cls.__doc__)
         for f in dataclasses.fields(cls):
             flag, dest, tp = f"--{prefix}.{f.name}", f"{prefix}.{f.name}", hints[f.name]
-            text = f"{helps[f.name]} (default: {'unset' if f.default is None else f.default})"
+            choices, text = _registry_choices(f.name, helps[f.name])
+            text = f"{text} (default: {'unset' if f.default is None else f.default})"
             if tp is bool:
                 group.add_argument(flag, dest=dest, action="store_true", default=f.default, help=text)
                 continue
             base = typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Union else tp
-            choices, text = _registry_choices(f.name, text)
             group.add_argument(flag, dest=dest, type=base, default=f.default, choices=choices, help=text,
                                metavar=None if choices else base.__name__.upper())
         return parser
@@ -249,9 +247,9 @@ def _registry_choices(name: str, text: str) -> tuple[tuple[str, ...] | None, str
     """A registry flag's choices, and its help with every entry's own line (read when the parser is
     built, so an entry registered before then is listed)."""
     if name == "mode":
-        return registry.mode_names(), f"{text}: {registry.choices_help(registry.MODE_REGISTRY, 'none: plain GRPO')}"
+        return registry.mode_names(), f"{text} {registry.choices_help(registry.MODE_REGISTRY, 'none: plain GRPO')}."
     if name == "off_policy":
-        return registry.off_policy_names(), f"{text}: {registry.choices_help(registry.OFF_POLICY_REGISTRY)}"
+        return registry.off_policy_names(), f"{text} {registry.choices_help(registry.OFF_POLICY_REGISTRY)}."
     return None, text
 
 
