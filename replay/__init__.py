@@ -7,7 +7,10 @@ from replay.buffer import FORMAT_VERSION, ReplayBuffer
 from replay.checkpoint import ReplayCheckpointError, load_state, save_state
 from replay.composer import (Composition, compose, compose_rlep, group_normalise, nominal_replay_count, replay_count,
                              replay_target)
-from replay.config import MODE_DEFAULTS, MODES, OFF_POLICY, ModeDefaults, ReplayConfig, field_help
+from replay.config import ReplayConfig, field_help
+from replay.modes import MODES, OFF_POLICY  # registers the built-in modes and off-policy rules
+from replay.registry import (MODE_REGISTRY, OFF_POLICY_REGISTRY, ModeHooks, OffPolicyRule, ReplayMode, get_mode,
+                             get_off_policy, mode_names, off_policy_names, register_mode, register_off_policy)
 from replay.metrics import age_histogram, composition_metrics, store_metrics, zero_variance_group_fraction
 from replay.record import REFUSAL_REASONS, RolloutBatch, refusals
 from replay.samplers import (
@@ -30,8 +33,9 @@ from replay.samplers import (
 from replay.store import KEEP_RULES, InsertResult, RolloutStore, StoreView
 
 __all__ = [
-    "FORMAT_VERSION", "KEEP_RULES", "MODE_DEFAULTS", "MODES", "ModeDefaults", "OFF_POLICY", "REFUSAL_REASONS",
-    "SAMPLERS",
+    "FORMAT_VERSION", "KEEP_RULES", "MODES", "MODE_REGISTRY", "OFF_POLICY", "OFF_POLICY_REGISTRY",
+    "REFUSAL_REASONS", "SAMPLERS", "ModeHooks", "OffPolicyRule", "ReplayMode", "get_mode", "get_off_policy",
+    "mode_names", "off_policy_names", "register_mode", "register_off_policy",
     "Composition", "Draw", "InsertResult", "ReplayBuffer", "ReplayCheckpointError", "ReplayConfig",
     "RolloutBatch", "RolloutStore", "Sampler", "StoreView",
     "advantage_priorities", "age_histogram", "beta_schedule", "compose", "compose_rlep",

@@ -13,16 +13,17 @@ from typing import Any, Mapping
 import numpy as np
 
 from replay.checkpoint import ReplayCheckpointError, load_state, save_state
-from replay.composer import Composition, compose, compose_rlep
+from replay.composer import Composition
 from replay.config import ReplayConfig
 from replay.metrics import composition_metrics, store_metrics
 from replay.pool import POOL_VERSION, SuccessPool, load_pool
 from replay.record import RolloutBatch
-from replay.samplers import replayed_priorities, reward_fresh_priorities, sampler_from_config
+from replay.registry import ModeHooks
+from replay.samplers import sampler_from_config
 from replay.store import RolloutStore
 
 # 2: the state records its holding rules and the store its per-rollout priorities. Format 1 is
-# still read, with the rules its code had (`_FORMAT_1_RULES`).
+# still read, with the rules its code had (each mode entry's `format_1_rules`).
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
 KEEP_RULE, PRIORITY_RULE, KL_RULE = "keep rule", "priority rule", "per-token KL columns"
@@ -32,17 +33,12 @@ KEEP_RULE, PRIORITY_RULE, KL_RULE = "keep rule", "priority rule", "per-token KL 
 _KL_COLUMN_USE = {"token_advantages": "KL in the reward", "ref_logprobs": "KL as a loss",
                   "token_rewards": "GAE against the current critic"}
 NO_KL_COLUMNS = "none (KL off)"
-FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
-                           "maximum, the drawn updated to max(|reward|, 1e-6)")
-# What format-1 code stored and ranked by in freshness mode (the other modes' rules are unchanged).
-_FORMAT_1_RULES = {"freshness": {KEEP_RULE: "nonzero_advantage",
-                                 PRIORITY_RULE: "(|A| + eps) ** alpha x exp(-age / tau)"}}
 
 
 def holding_rules(config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> dict[str, Any]:
     """What decides which rollouts the store holds and, where the store keeps priorities, what
-    they mean: the flags with their values in force, this code's keep rule for the mode, for
-    freshness its priority rule, and the per-token columns the run's KL needs. A checkpoint
+    they mean: the flags with their values in force, this code's keep rule for the mode, its
+    entry's priority rule where it has one (freshness), and the per-token columns the run's KL needs. A checkpoint
     written under other rules holds rollouts this run would not keep, lacks ones it would, carries
     priorities of another meaning or lacks what the loss reads: resuming from it would quietly mix
     two configurations."""
@@ -53,8 +49,8 @@ def holding_rules(config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> 
         rules["replay.success_threshold"] = config.success_threshold
     elif config.store_filter != "all":
         rules["replay.min_abs_advantage"] = config.min_abs_advantage
-    if config.mode == "freshness":
-        rules[PRIORITY_RULE] = FRESHNESS_PRIORITY_RULE
+    if config.entry is not None and config.entry.priority_rule is not None:
+        rules[PRIORITY_RULE] = config.entry.priority_rule
     return rules
 
 
@@ -65,9 +61,10 @@ def written_rules(state: Mapping[str, Any]) -> dict[str, Any]:
         return {KL_RULE: NO_KL_COLUMNS} | dict(state["holding_rules"])  # files from before KL: none
     config = ReplayConfig.from_dict(dict(state["config"]))
     rules = holding_rules(config)  # format 1 predates KL: no per-token columns
-    if config.mode in _FORMAT_1_RULES:
+    old = config.entry.format_1_rules if config.entry is not None else None
+    if old is not None:  # the mode's rules under format-1 code, where they differ from today's
         rules.pop(PRIORITY_RULE, None)
-        rules |= _FORMAT_1_RULES[config.mode] | {"replay.min_abs_advantage": config.min_abs_advantage}
+        rules |= dict(old) | {"replay.min_abs_advantage": config.min_abs_advantage}
     return rules
 
 
@@ -97,17 +94,17 @@ class ReplayBuffer:
     def __init__(self, config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> None:
         """`token_columns`: the optional per-token columns (`record.TOKEN_COLUMNS`) the run's KL
         needs every stored rollout to carry (none with KL off)."""
-        if config.mode == "freshness" and config.beta_steps is None and config.beta_start != config.beta_end:
-            raise ValueError(f"replay.beta_steps is unset: the freshness importance weights anneal over it from "
-                             f"beta_start {config.beta_start} to beta_end {config.beta_end}; set it to the run's length "
-                             "in steps (config.for_run(steps)), or beta_end to beta_start for a fixed beta")
+        entry = config.entry
+        if entry is not None:
+            entry.check_buffer(config)
         self.config = config
         self.token_columns = tuple(token_columns)
         self.store = self._new_store(config, self.token_columns)
         self.pool: SuccessPool | None = None
         if config.success_pool:
             self.pool = self._load_pool(config)
-        self.sampler = sampler_from_config(config) if config.enabled else None
+        self.sampler = sampler_from_config(config) if entry is not None else None
+        self.hooks: ModeHooks = entry.hooks() if entry is not None else ModeHooks()
         self.rng = np.random.default_rng(config.seed)
         self.last_step: int | None = None
         self._step_metrics: dict[str, float] = {}
@@ -144,20 +141,14 @@ class ReplayBuffer:
         """
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} does not follow the last step {self.last_step}: steps must increase")
-        if self.config.enabled:
+        entry = self.config.entry
+        if entry is not None:
             self.store.evict(step)
-            if refill and self.config.mode == "success":
-                raise ValueError("refill is not available in replay.mode success (RLEP replays per fresh group)")
-            if self.config.mode == "success":
-                comp = compose_rlep(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of,
-                                    divide_by_std=divide_by_std)
-            else:
-                comp = compose(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of, refill)
+            comp = entry.composer(fresh, self.store, self.sampler, self.config, step, self.rng, multiple_of,
+                                  divide_by_std=divide_by_std, extra=refill)
             self.store.increment_reuse(comp.indices)
-            priorities = None
-            if self.config.mode == "freshness":  # PER's update after a draw; the fresh enter at the maximum
-                self.store.update_priorities(comp.indices, replayed_priorities(self.store.view().rewards[comp.indices]))
-                priorities = reward_fresh_priorities(fresh.rewards, self.config.eps)
+            self.hooks.after_draw(self.store, comp, self.config)  # e.g. PER's update of the drawn
+            priorities = self.hooks.insert_priorities(fresh, self.config)
             if self.pool is None:  # an offline pool is fixed, as RLEP's: the run's own successes stay out
                 self.store.insert(fresh, version=step, priorities=priorities)
         else:
@@ -176,8 +167,9 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: contents, counters, generator, last step,
-        and the config it ran with (checked on load)."""
-        return {
+        and the config it ran with (checked on load). The mode's hook state joins as "mode_state"
+        only when it has any, so the files of modes without such state keep their format."""
+        state = {
             "format_version": FORMAT_VERSION,
             "config": self.config.to_dict(),
             "holding_rules": holding_rules(self.config, self.token_columns),
@@ -187,6 +179,10 @@ class ReplayBuffer:
             "success_pool": None if self.pool is None else {"digest": self.pool.digest,
                                                             "rollouts": len(self.pool.rollouts)},
         }
+        hook_state = self.hooks.state_dict()
+        if hook_state:
+            state["mode_state"] = hook_state
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state`; ValueError (and nothing changed) if it is malformed or was written
@@ -217,8 +213,10 @@ class ReplayBuffer:
                 from e
         store = self._new_store(self.config, self.token_columns)
         store.load_state_dict(state["store"])
+        hooks = type(self.hooks)()
+        hooks.load_state_dict(state.get("mode_state") or {})
         last_step = state.get("last_step")
-        self.store, self.rng = store, rng
+        self.store, self.rng, self.hooks = store, rng, hooks
         self.last_step = None if last_step is None else int(last_step)
         self._step_metrics = {}
 

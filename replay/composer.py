@@ -64,17 +64,16 @@ def nominal_replay_count(n: int, ratio: float, multiple_of: int = 1) -> int:
 
 
 def replay_target(config: ReplayConfig, n_fresh: int, n_groups: int, multiple_of: int = 1) -> int:
-    """Rollouts one step replays once the store holds enough: the one rule per mode, used by the
-    composers, the launcher's checks and its start-up line.
+    """Rollouts one step replays once the store holds enough: the one rule per mode (its registry
+    entry's `target`), used by the composers, the launcher's checks and its start-up line.
 
     success (RLEP): `per_prompt` for each of the step's `n_groups` fresh groups, exact (the
     integration adds inert rows to complete its last training batch). A prompt that comes twice in
     a batch is served twice, as RLEP's loader samples replay for each question of its batch on its
-    own. Other modes: ratio x `n_fresh` in whole multiples of `multiple_of` (`nominal_replay_count`).
+    own. Fresh-anchored modes: ratio x `n_fresh` in whole multiples of `multiple_of`
+    (`nominal_replay_count`).
     """
-    if config.mode == "success":
-        return config.per_prompt * n_groups
-    return nominal_replay_count(n_fresh, config.ratio, multiple_of)
+    return config.entry.target(config, n_fresh, n_groups, multiple_of)
 
 
 def replay_count(target: int, step: int, warmup: int, available: int, multiple_of: int = 1) -> int:
@@ -129,13 +128,17 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
 
 
 def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
-                 rng: np.random.Generator, multiple_of: int = 1, *, divide_by_std: bool = True) -> Composition:
+                 rng: np.random.Generator, multiple_of: int = 1, *, divide_by_std: bool = True,
+                 extra: int = 0) -> Composition:
     """RLEP: each fresh group gets min(`per_prompt`, its prompt's stored successes), without
     replacement within the group (the sampler's rule), which join that group (they take its group
     id); the advantages of each enlarged group are recomputed over all its members
     (`divide_by_std=False`: dr_grpo). Groups that got no replay keep their advantages. The count
     is not rounded: `inert` says how many rows the integration must add, with no loss, to make the
     replayed rows a multiple of `multiple_of` (its training batch)."""
+    if extra:
+        raise ValueError("RLEP cannot take the rows of filtered groups (replay.refill): a filtered group has no "
+                         "fresh rows for its replayed successes to join")
     group_rows = np.sort(np.unique(fresh.group_ids, return_index=True)[1])  # each fresh group's first row
     if step < config.effective_warmup or not len(store) or not len(group_rows):
         return _fresh_only(fresh)

@@ -15,37 +15,18 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional
 
-MODES = ("none", "naive", "uniform", "advantage", "freshness", "success")
-OFF_POLICY = ("stale", "refresh", "recompute")
+import replay.registry as registry
+from replay.registry import OffPolicyRule, ReplayMode
 
 
-@dataclass(frozen=True)
-class ModeDefaults:
-    """What a replay mode fixes, and the defaults of the knobs left unset (docs/METHOD.md section 3)."""
 
-    sampler: str
-    """Its sampler, a key of `samplers.SAMPLERS`."""
-    keep: str
-    """The store's keep rule, one of `store.KEEP_RULES`."""
-    max_age_steps: int | None
-    """Default age limit in steps; None: no age limit (FIFO by capacity only)."""
-    alpha: float
-    """Default priority exponent (used by the samplers that prioritise)."""
-    off_policy: str = "stale"
-    """Default off-policy handling of replayed rows, one of `OFF_POLICY`."""
-
-
-# The one table of per-mode defaults. RLEP's pool keeps every success of a prompt: a prompt
-# returns once per epoch, so an age limit shorter than an epoch would empty it before its prompt
-# comes back. FreshPER keeps every rollout, as its reference buffer does (its priority is |reward|,
-# not |A|), and its alpha is 0.6; the method's is 0.5.
-MODE_DEFAULTS = {
-    "naive": ModeDefaults(sampler="group", keep="nonzero_group", max_age_steps=None, alpha=0.5),
-    "uniform": ModeDefaults(sampler="uniform", keep="nonzero_advantage", max_age_steps=10, alpha=0.5),
-    "advantage": ModeDefaults(sampler="advantage", keep="nonzero_advantage", max_age_steps=10, alpha=0.5),
-    "freshness": ModeDefaults(sampler="freshness", keep="all", max_age_steps=None, alpha=0.6),
-    "success": ModeDefaults(sampler="success", keep="success", max_age_steps=None, alpha=0.5, off_policy="recompute"),
-}
+def __getattr__(name: str) -> Any:
+    """`MODES` and `OFF_POLICY`: the registered names now (`replay/registry.py`), not a copy."""
+    if name == "MODES":
+        return registry.mode_names()
+    if name == "OFF_POLICY":
+        return registry.off_policy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -53,10 +34,7 @@ class ReplayConfig:
     """Rollout-level replay for GRPO (docs/METHOD.md sections 2-3). Flags: `--replay.<field>`."""
 
     mode: str = "none"
-    """Replay variant: none (plain GRPO), naive (whole groups, FIFO, uniform with replacement),
-    uniform, advantage (the method: priority (|A| + eps) ** alpha), freshness (FreshPER: PER by
-    |reward| decayed by age, every rollout stored), success (RLEP: verified-correct rollouts join
-    their prompt's fresh group)."""
+    """Replay variant, one entry of the registry (replay/modes.py):"""
     ratio: float = 0.5
     """Replayed rollouts per fresh rollout: k = round(ratio * n_fresh), halves up (the integration
     rounds to whole training batches). Not used by success mode (see per_prompt)."""
@@ -103,10 +81,12 @@ class ReplayConfig:
     """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups;
     not applied in success and freshness modes)."""
     off_policy: Optional[str] = None
-    """stale: pi_old of a replayed rollout is its stored behaviour log-prob; refresh: recompute
-    pi_old under the current weights and correct with a truncated importance weight; recompute:
-    pi_old recomputed under the current weights, no importance weight (RLEP). Unset: the mode's
-    default (recompute for success, stale for the others)."""
+    """How replayed rows enter the loss (pi_old and the importance weight); unset: the mode's
+    default (recompute for success, stale for the others). One registered rule (replay/modes.py):"""
+    m2_threshold: float = 0.04
+    """M2PO (--replay.off_policy m2po): each micro-batch masks its tokens of largest
+    (log pi_old - log pi_behaviour)^2 until the mean of the rest is below this (AReaL's
+    actor.m2_threshold; 0.04 in its M2PO recipe)."""
     success_pool: Optional[str] = None
     """RLEP: a pool file of verified successes built before training from a seed checkpoint
     (`python -m openrlhf_replay.cli.build_success_pool`), loaded at start and replayed from the
@@ -126,11 +106,11 @@ class ReplayConfig:
     failing."""
 
     def __post_init__(self) -> None:
-        _choice("mode", self.mode, MODES)
+        entry = registry.get_mode(self.mode)  # an unknown mode names the choices
         if self.off_policy is not None:
-            _choice("off_policy", self.off_policy, OFF_POLICY)
-        if self.success_pool is not None and (self.mode != "success" or not isinstance(self.success_pool, str)
-                                              or not self.success_pool):
+            registry.get_off_policy(self.off_policy)
+        if self.success_pool is not None and (entry is None or not entry.offline_pool
+                                              or not isinstance(self.success_pool, str) or not self.success_pool):
             raise ValueError(f"replay.success_pool {self.success_pool!r} is a pool of successes for "
                              f"replay.mode success (got replay.mode {self.mode!r}); unset it or use mode success")
         if self.success_pool is not None and self.max_age is not None:
@@ -153,56 +133,60 @@ class ReplayConfig:
         _integer("per_prompt", self.per_prompt, low=1)
         _number("success_threshold", self.success_threshold)
         _number("min_abs_advantage", self.min_abs_advantage, low=0.0)
+        _number("m2_threshold", self.m2_threshold, low=0.0, strict=True)
         _integer("seed", self.seed, low=0)
         for name in ("replacement", "allow_empty_resume", "refill"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"replay.{name} must be True or False, got {getattr(self, name)!r}")
-        if self.refill and self.mode in ("none", "success"):
+        if entry is not None:
+            entry.check(self)
+        if self.refill and (entry is None or entry.no_refill):
             raise ValueError(f"replay.refill fills the groups dynamic filtering drops with replayed rollouts, which "
-                             f"replay.mode {self.mode!r} cannot do" + (
-                                 " (nothing is replayed): pick a replay mode such as advantage" if self.mode == "none"
-                                 else " (RLEP's replayed successes join the fresh group of their own prompt, and a "
-                                 "filtered group has no rows left to join): unset replay.refill, or use another mode"))
-        if self.eps == 0 and self.mode == "freshness":
-            raise ValueError(f"replay.eps = {self.eps!r} in freshness mode gives a rollout of reward 0 the priority "
-                             "0, with which it cannot be stored: make it positive (the default is 1e-6)")
-        if self.eps == 0 and self.min_abs_advantage == 0 and self.mode == "advantage":
-            raise ValueError(
-                f"replay.eps = {self.eps!r} with replay.min_abs_advantage = {self.min_abs_advantage!r} would store "
-                "rollouts with priority 0 that can never be drawn: make one of them positive"
-            )
+                             f"replay.mode {self.mode!r} cannot do (" + (
+                                 "nothing is replayed): pick a replay mode such as advantage" if entry is None else
+                                 f"{entry.no_refill}): unset replay.refill, or use another mode"))
 
     # ---------------------------------------------------------------- derived values
 
     @property
-    def enabled(self) -> bool:
-        return self.mode != "none"
+    def entry(self) -> ReplayMode | None:
+        """This mode's registry entry (replay/modes.py); None when replay is off."""
+        return registry.get_mode(self.mode)
 
     @property
-    def defaults(self) -> ModeDefaults | None:
-        """This mode's row of `MODE_DEFAULTS`; None when replay is off."""
-        return MODE_DEFAULTS.get(self.mode)
+    def enabled(self) -> bool:
+        return self.entry is not None
+
+    @property
+    def defaults(self) -> ReplayMode | None:
+        """The entry, which holds the mode's defaults; None when replay is off."""
+        return self.entry
 
     @property
     def max_age_steps(self) -> int | None:
         """The age limit in force, in steps (the user's, else the mode's); None for no age limit."""
         if self.max_age is not None:
             return self.max_age
-        return self.defaults.max_age_steps if self.defaults else None
+        return self.entry.max_age_steps if self.entry else None
 
     @property
     def effective_alpha(self) -> float:
-        """The priority exponent in force (the user's, else the mode's)."""
+        """The priority exponent in force (the user's, else the mode's; 0.5 when replay is off)."""
         if self.alpha is not None:
             return self.alpha
-        return self.defaults.alpha if self.defaults else MODE_DEFAULTS["advantage"].alpha
+        return self.entry.alpha if self.entry else ReplayMode.alpha
 
     @property
     def effective_off_policy(self) -> str:
-        """The off-policy handling in force (the user's, else the mode's; stale when replay is off)."""
+        """The off-policy rule in force (the user's, else the mode's; stale when replay is off)."""
         if self.off_policy is not None:
             return self.off_policy
-        return self.defaults.off_policy if self.defaults else "stale"
+        return self.entry.off_policy if self.entry else ReplayMode.off_policy
+
+    @property
+    def off_policy_rule(self) -> OffPolicyRule:
+        """The registry's rule of `effective_off_policy`."""
+        return registry.get_off_policy(self.effective_off_policy)
 
     @property
     def effective_warmup(self) -> int:
@@ -211,21 +195,20 @@ class ReplayConfig:
         return 0 if self.success_pool else self.warmup
 
     def for_run(self, steps: int) -> ReplayConfig:
-        """This config with what derives from the run's length filled in: freshness's beta_steps,
-        unless set (other modes do not use it, and keep it unset)."""
-        if self.mode != "freshness" or self.beta_steps is not None:
-            return self
-        return dataclasses.replace(self, beta_steps=steps)
+        """This config with what derives from the run's length filled in by the mode's entry
+        (freshness: beta_steps, unless set); other modes return it unchanged."""
+        entry = self.entry
+        return entry.for_run(self, steps) if entry and entry.for_run else self
 
     @property
     def sampler_name(self) -> str | None:
-        """Key in samplers.SAMPLERS, None when replay is off."""
-        return self.defaults.sampler if self.defaults else None
+        """Its sampler's name (a key of samplers.SAMPLERS for the built-ins), None when replay is off."""
+        return self.entry.sampler.__name__ if self.entry else None
 
     @property
     def store_filter(self) -> str | None:
         """Keep rule of the store (store.KEEP_RULES), None when replay is off."""
-        return self.defaults.keep if self.defaults else None
+        return self.entry.keep if self.entry else None
 
     # ---------------------------------------------------------------- (de)serialisation
 
@@ -248,12 +231,12 @@ class ReplayConfig:
         group = parser.add_argument_group(prefix, cls.__doc__)
         for f in dataclasses.fields(cls):
             flag, dest, tp = f"--{prefix}.{f.name}", f"{prefix}.{f.name}", hints[f.name]
-            text = f"{helps[f.name]} (default: {'unset' if f.default is None else f.default})"
+            choices, text = _registry_choices(f.name, helps[f.name])
+            text = f"{text} (default: {'unset' if f.default is None else f.default})"
             if tp is bool:
                 group.add_argument(flag, dest=dest, action="store_true", default=f.default, help=text)
                 continue
             base = typing.get_args(tp)[0] if typing.get_origin(tp) is typing.Union else tp
-            choices = {"mode": MODES, "off_policy": OFF_POLICY}.get(f.name)
             group.add_argument(flag, dest=dest, type=base, default=f.default, choices=choices, help=text,
                                metavar=None if choices else base.__name__.upper())
         return parser
@@ -270,6 +253,16 @@ class ReplayConfig:
             elif nested is not None and hasattr(nested, f.name):
                 values[f.name] = getattr(nested, f.name)
         return cls(**values)
+
+
+def _registry_choices(name: str, text: str) -> tuple[tuple[str, ...] | None, str]:
+    """A registry flag's choices, and its help with every entry's own line (read when the parser is
+    built, so an entry registered before then is listed)."""
+    if name == "mode":
+        return registry.mode_names(), f"{text} {registry.choices_help(registry.MODE_REGISTRY, 'none: plain GRPO')}."
+    if name == "off_policy":
+        return registry.off_policy_names(), f"{text} {registry.choices_help(registry.OFF_POLICY_REGISTRY)}."
+    return None, text
 
 
 @functools.lru_cache(maxsize=None)
@@ -290,11 +283,6 @@ def field_help(cls: type) -> dict[str, str]:
 
 
 # -------------------------------------------------------------------- checks
-
-
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"replay.{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
 def _integer(name: str, value: Any, low: int, extra: str = "") -> None:

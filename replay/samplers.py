@@ -3,8 +3,8 @@
     sampler(view, k, step, rng, *, fresh_prompt_uids=None) -> Draw
 
 and return indices into `view` (never data). Knobs (alpha, tau, ...) are keyword-only, without
-defaults of their own: `sampler_from_config` binds the config's values (its `MODE_DEFAULTS` are
-the one place defaults live). Randomness comes only from `rng`.
+defaults of their own: `sampler_from_config` binds the config's values through the mode's registry
+entry (`replay/modes.py`, the one place defaults live). Randomness comes only from `rng`.
 """
 from __future__ import annotations
 
@@ -238,16 +238,8 @@ def get_sampler(name: str) -> Callable[..., Draw]:
 
 
 def sampler_from_config(config: ReplayConfig) -> Sampler:
-    """The config's sampler with its knobs bound, leaving the common signature."""
-    name = config.sampler_name
-    if name is None:
+    """The config's sampler with its knobs bound by the mode's entry, leaving the common signature."""
+    entry = config.entry
+    if entry is None:
         raise ValueError(f"replay.mode={config.mode!r} samples nothing")
-    knobs = {
-        "uniform": dict(replacement=config.replacement),
-        "advantage": dict(alpha=config.effective_alpha, eps=config.eps, replacement=config.replacement),
-        "freshness": dict(alpha=config.effective_alpha, tau=config.tau, beta_start=config.beta_start,
-                          beta_end=config.beta_end, beta_steps=config.beta_steps),
-        "success": dict(threshold=config.success_threshold, per_prompt=config.per_prompt),
-        "group": {},
-    }[name]
-    return functools.partial(get_sampler(name), **knobs)
+    return functools.partial(entry.sampler, **entry.knobs(config))

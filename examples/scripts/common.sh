@@ -62,6 +62,11 @@ REPLAY_RATIO=${REPLAY_RATIO:-0.5}
 REPLAY_ALPHA=${REPLAY_ALPHA:-0.5}
 REPLAY_WARMUP=${REPLAY_WARMUP:-20}
 REPLAY_CAPACITY=${REPLAY_CAPACITY:-30000}
+# M2PO=1 (or --replay.off_policy m2po among a script's arguments): replayed rows take M2PO's rule
+# (docs/METHOD.md section 3), with AReaL's behaviour-weight cap (upstream's token-level IS mask,
+# weights above 5 dropped); M2_THRESHOLD, when set, is its --replay.m2_threshold (default 0.04).
+M2PO=${M2PO:-0}
+M2_THRESHOLD=${M2_THRESHOLD:-}
 # What every replay condition shares; each condition script adds its mode and that mode's knobs.
 # shellcheck disable=SC2034  # used by the scripts that source this file
 REPLAY_ARGS=(
@@ -271,13 +276,31 @@ mark_done() {
 # (default $RUNS_DIR/<model>/<condition>_seed<SEED>) receives command.sh, settings.env,
 # resolved_args.json (the arguments after upstream's own rewrites), train.log, ckpt/ (resumable:
 # rerun the same command), tensorboard/, model/ (the final weights) and DONE at the end.
+# The flags M2PO=1 appends after a script's own (so they win over its --replay.off_policy).
+m2po_args() {  # <module> <the script's arguments...>
+  local module=$1 prev= arg asked=$M2PO
+  shift
+  for arg in "$@"; do
+    [[ $prev == --replay.off_policy && $arg == m2po ]] && asked=1
+    prev=$arg
+  done
+  [[ $asked == 1 ]] || return 0
+  [[ $module == openrlhf_replay.cli.train_ppo_ray ]] || die "M2PO=1 is an off-policy rule of replayed rows: use a replay script"
+  echo --replay.off_policy m2po ${M2_THRESHOLD:+--replay.m2_threshold "$M2_THRESHOLD"} \
+    --algo.advantage.is_correction_level token --algo.advantage.is_correction_mode mask \
+    --algo.advantage.is_correction_gating ratio --algo.advantage.is_correction_threshold 5.0
+}
+
 launch_training() {
   local module=$1
   shift
-  local condition=${SCRIPT_NAME#train_}
+  local condition=${SCRIPT_NAME#train_} m2po
+  m2po=$(m2po_args "$module" "$@") || exit 1
+  [[ -z $m2po ]] || condition+=_m2po  # its own output folder: another condition
   OUTPUT_DIR=$(realpath -m "${OUTPUT_DIR:-$RUNS_DIR/$(model_tag "$MODEL")/${condition}_seed$SEED}")
   training_settings
-  local cmd=("$PYTHON" -m "$module" "${TRAIN_ARGS[@]}" "$@")
+  # shellcheck disable=SC2206  # m2po_args prints flags and numbers, no spaces within a word
+  local cmd=("$PYTHON" -m "$module" "${TRAIN_ARGS[@]}" "$@" ${m2po})
   local settings
   settings=$(describe_settings MODEL NUM_NODES NUM_GPUS GPUS_TOTAL DATA INPUT_KEY LABEL_KEY SEED OUTPUT_DIR \
     MAX_PROMPTS ROLLOUT_PROMPTS GROUP_SIZE FRESH_ROLLOUTS TRAIN_BATCH MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH EPISODES \

@@ -38,7 +38,6 @@ from replay.pool import SuccessPoolError, load_pool
 # modules as they are first imported.
 
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
-RLEP_ESTIMATORS = ("group_norm", "dr_grpo")  # RLEP recomputes these over the enlarged group
 
 
 ENVIRONMENT_HELP = """environment (read by this launcher, not by upstream's):
@@ -112,9 +111,10 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     `openrlhf_replay/trainer/ppo_utils/critic.py`)."""
     errors = []
     estimator = args.algo.advantage.estimator
-    if config.mode == "success" and estimator not in RLEP_ESTIMATORS:
-        errors.append(f"--replay.mode success recomputes group advantages as {' or '.join(RLEP_ESTIMATORS)}, "
-                      f"not {estimator}; pass --algo.advantage.estimator group_norm")
+    entry = config.entry
+    if entry.estimators is not None and estimator not in entry.estimators:
+        errors.append(f"--replay.mode {config.mode} recomputes group advantages as {' or '.join(entry.estimators)}, "
+                      f"not {estimator}; pass --algo.advantage.estimator {entry.estimators[0]}")
     errors += _critic_rank_errors(args)
     if args.train.async_enable:
         errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
@@ -124,21 +124,14 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
                       "dynamic filtering is off: add --algo.dynamic_filtering_enable (and its "
                       "--algo.dynamic_filtering_range), or drop --replay.refill")
     kl_on = args.algo.kl.init_coef > 0  # KL in the reward or as a loss: docs/METHOD.md section 2, "KL"
-    if kl_on and not args.algo.kl.use_loss and config.mode == "success":
-        errors.append("--replay.mode success recomputes its enlarged groups' advantages, which would drop the KL "
+    if kl_on and not args.algo.kl.use_loss and not entry.kl_in_reward:
+        errors.append(f"--replay.mode {config.mode} recomputes its enlarged groups' advantages, which would drop the KL "
                       "penalty folded into the per-token advantages; use KL as a loss (--algo.kl.use_loss) or "
                       "--algo.kl.init_coef 0")
     if kl_on and args.algo.kl.use_loss and config.success_pool:
         errors.append("--replay.success_pool: an offline pool holds no reference log-probs for KL as a loss; "
                       "leave it unset (the in-run pool) or pass --algo.kl.init_coef 0")
-    correction = args.algo.advantage
-    if config.effective_off_policy == "refresh" and (correction.is_correction_level, correction.is_correction_mode,
-                                           correction.is_correction_gating) != ("token", "clip", "ratio"):
-        errors.append("--replay.off_policy refresh weighs each replayed token by a truncated importance weight "
-                      "pi_old / pi_behaviour (docs/METHOD.md); upstream does that with --algo.advantage.is_correction_level "
-                      "token --algo.advantage.is_correction_mode clip --algo.advantage.is_correction_gating ratio "
-                      f"(got {correction.is_correction_level} / {correction.is_correction_mode} / "
-                      f"{correction.is_correction_gating}: mask drops tokens instead of truncating their weight)")
+    errors += off_policy_errors(args, config)
     return errors
 
 
@@ -156,6 +149,21 @@ def _critic_rank_errors(args) -> list[str]:
             f"default 1 x 8) do not divide the policy actor's {actor}, so its ranks would get unequal shares of the "
             f"fresh and replayed rows; pass --critic.num_nodes {args.actor.num_nodes} --critic.num_gpus_per_node "
             f"{args.actor.num_gpus_per_node}"]
+
+
+def off_policy_errors(args, config: ReplayConfig) -> list[str]:
+    """An off-policy rule that weighs replayed tokens by pi_old / pi_behaviour (its registry entry's
+    `corrections`) without upstream's IS correction that computes that weight."""
+    rule, correction = config.off_policy_rule, args.algo.advantage
+    have = (correction.is_correction_level, correction.is_correction_mode, correction.is_correction_gating)
+    if not rule.corrections or have in rule.corrections:
+        return []
+    wanted = " or ".join(f"--algo.advantage.is_correction_level {level} --algo.advantage.is_correction_mode {mode} "
+                         f"--algo.advantage.is_correction_gating {gating}" for level, mode, gating in rule.corrections)
+    return [f"--replay.off_policy {rule.name} weighs each replayed token by an importance weight pi_old / pi_behaviour "
+            f"(docs/METHOD.md); upstream does that with {wanted} (got {' / '.join(have)})"
+            + (": mask drops tokens instead of truncating their weight" if have[1] == "mask" else "")
+            + ("; M2PO=1 in examples/scripts sets them" if rule.m2_mask else "")]
 
 
 def _batch_errors(args) -> list[str]:
@@ -187,8 +195,9 @@ def _nothing_replayed(args, config: ReplayConfig) -> list[str]:
     if replay_per_step(config, args) > 0:
         return []
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
-    wanted = (f"--replay.per_prompt {config.per_prompt} x {args.rollout.batch_size} prompts"
-              if config.mode == "success" else f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
+    count_text = config.entry.count_text
+    wanted = (count_text(config, args.rollout.batch_size, fresh) if count_text else
+              f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
     return [f"{wanted} rounds to 0 whole training batches of --train.batch_size {args.train.batch_size} "
             "(halves round up): replay more per step, or use a smaller --train.batch_size"]
 
@@ -216,15 +225,8 @@ def describe_replay(args) -> str:
     note = "" if k == wanted else (
         f" ({wanted} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
         "runs the same optimizer steps)")
-    if config.mode == "success":
-        pool = (f"from the first step, from the offline pool {config.success_pool} (no warm-up: it is full before "
-                "the run)" if config.success_pool else f"after step {config.warmup}, from the in-run pool (the run's "
-                "own successes: a prompt's from its second visit, once per epoch)")
-        return (f"replay: mode success (RLEP), up to {config.per_prompt} successes of each of the {args.rollout.batch_size} "
-                f"prompts (min of that and its stored successes) join its group of {args.rollout.n_samples_per_prompt} "
-                f"{pool}, completed by inert rows to whole --train.batch_size "
-                f"{args.train.batch_size} batches (at most {k} rows); pi_old of replayed rows: "
-                f"{config.effective_off_policy}")
+    if config.entry.describe is not None:
+        return config.entry.describe(config, args, k)
     refill = (" (with dynamic filtering, of the fresh rollouts kept); with --replay.refill, replayed rollouts "
               "also take the rows of the groups it drops (inert rows where the buffer has none)") \
         if config.refill else (" (with dynamic filtering, of the fresh rollouts kept)"

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from openrlhf_replay.cli.train_ppo_ray import replay_arg_errors
+from replay import MODE_REGISTRY, OFF_POLICY_REGISTRY
 
 ACTION_ATTRS = ("option_strings", "dest", "default", "type", "nargs", "const", "choices", "required")
 
@@ -49,6 +50,8 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--replay.off_policy", "refresh"], "is_correction_level"),
     # upstream's default IS mode masks tokens; docs/METHOD.md's refresh truncates the weight
     (["--replay.off_policy", "refresh", "--algo.advantage.is_correction_level", "token"], "mask drops tokens"),
+    (["--replay.off_policy", "m2po"], "M2PO=1 in examples/scripts sets them"),
+    (["--replay.off_policy", "m2po", "--algo.advantage.is_correction_level", "seq"], "is_correction_mode mask"),
     (["--replay.ratio", "0.12"], "rounds to 0 whole training batches"),  # 0.12 x 32 = 3.84 < half of 8
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz"], "no such replay checkpoint"),
     (["--rollout.batch_size", "3"], "multiple of"),
@@ -66,6 +69,12 @@ def test_a_valid_replay_configuration_passes(make_args):
     assert replay_arg_errors(make_args("--replay.mode", "freshness", "--replay.off_policy", "refresh",
                                        "--algo.advantage.is_correction_level", "token",
                                        "--algo.advantage.is_correction_mode", "clip")) == []
+    for mode in ("token", "clip"), ("token", "mask"):  # m2po, with any sampler: either token-level correction
+        for replay_mode in ("advantage", "success"):
+            assert replay_arg_errors(make_args("--replay.mode", replay_mode, "--replay.off_policy", "m2po",
+                                               "--algo.advantage.is_correction_level", mode[0],
+                                               "--algo.advantage.is_correction_mode", mode[1],
+                                               "--algo.kl.init_coef", "0")) == []
     # ratio 0.125 x 32 fresh = 4 = half a training batch of 8: rounds up to one batch, not refused
     assert replay_arg_errors(make_args("--replay.mode", "advantage", "--replay.ratio", "0.125")) == []
     # a decaying LR schedule: the actor paces it by rollout steps (openrlhf_replay/trainer/lr_schedule.py)
@@ -116,8 +125,13 @@ def test_cli_help_lists_upstream_and_replay_flags():
     proc, _ = _run_cli("--help")
     assert proc.returncode == 0
     for flag in ("--rollout.n_samples_per_prompt", "--algo.advantage.estimator", "--replay.mode",
-                 "--replay.max_age", "--replay.off_policy"):
+                 "--replay.max_age", "--replay.off_policy", "--replay.m2_threshold"):
         assert flag in proc.stdout
+    text = " ".join(proc.stdout.split())  # argparse wraps the help
+    for table in (MODE_REGISTRY, OFF_POLICY_REGISTRY):  # every mode and rule, its choice and its help
+        for entry in table.values():
+            assert f"{entry.name}: {' '.join(entry.help.split())}" in text, entry.name
+    assert "{" + ",".join(("none", *MODE_REGISTRY)) + "}" in text
 
 
 def test_launcher_states_the_replay_count_it_will_run(make_args):

@@ -108,3 +108,16 @@ def test_refill_generator_applies_upstreams_range_rule_without_replacement(make_
     assert [id(e) for e in kept] == [id(e) for e in samples[0:4] + samples[8:12]]
     assert outside_range([0, 0], 0.01, 0.99) and outside_range([1, 1], 0.01, 0.99)
     assert not outside_range([0, 1], 0.01, 0.99) and outside_range([0, 1], 0.5, 0.99)  # bounds are exclusive
+
+
+def test_a_fresh_batch_too_short_for_a_micro_batch_a_rank_is_cut_finer(make_args, experience_maker_cls,
+                                                                       rollout_samples):
+    """Upstream's forward dispatch needs an item per rank: one group of 4 left over 2 ranks, with
+    micro-batches of 4, is cut in two micro-batches of 2 (upstream's split, at that size, once)."""
+    maker, args = _maker(make_args, experience_maker_cls, "--rollout.micro_batch_size", 4)
+    short = maker.split_rollout_samples(rollout_samples(1, 4, seed=1))
+    assert [len(e.sequences) for e in short] == [2, 2] and args.rollout.micro_batch_size == 4
+    full = maker.split_rollout_samples(rollout_samples(2, 4, seed=1))
+    assert [len(e.sequences) for e in full] == [4, 4]
+    with pytest.raises(ValueError, match="fewer than the 2 data-parallel ranks"):
+        maker.split_rollout_samples(rollout_samples(1, 4, seed=1)[:1])

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from replay import MODE_DEFAULTS, MODES, ReplayConfig, field_help
+from replay import MODE_REGISTRY, MODES, OFF_POLICY_REGISTRY, ReplayConfig, field_help
 
 
 def test_defaults_match_method_md():
@@ -28,7 +28,7 @@ def test_mode_defaults(mode, max_age_steps, alpha, sampler, keep):
     c = ReplayConfig(mode=mode)
     assert c.enabled
     assert (c.max_age_steps, c.effective_alpha, c.sampler_name, c.store_filter) == (max_age_steps, alpha, sampler, keep)
-    assert c.defaults is MODE_DEFAULTS[mode]
+    assert c.entry is c.defaults is MODE_REGISTRY[mode]
     assert c.alpha is None and c.max_age is None  # derived, never written back
 
 
@@ -113,5 +113,11 @@ def test_cli_parses_into_flat_and_hierarchised_namespaces():
     assert ReplayConfig.from_namespace(parser.parse_args([])) == ReplayConfig()
 
 
-def test_modes_constant_lists_all_modes():
-    assert MODES == ("none", "naive", "uniform", "advantage", "freshness", "success")
+def test_modes_and_their_help_come_from_the_registry():
+    assert MODES == ("none", *MODE_REGISTRY)
+    parser = ReplayConfig.add_cli_args(argparse.ArgumentParser())
+    actions = {a.dest: a for a in parser._actions}
+    for flag, table in (("replay.mode", MODE_REGISTRY), ("replay.off_policy", OFF_POLICY_REGISTRY)):
+        assert tuple(actions[flag].choices) == tuple(c for c in ((["none"] if flag == "replay.mode" else []) + list(table)))
+        for entry in table.values():
+            assert f"{entry.name}: {entry.help}" in actions[flag].help

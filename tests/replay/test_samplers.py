@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from replay import (SAMPLERS, ReplayConfig, StoreView, advantage_priorities, beta_schedule, effective_sample_size,
+from replay import (MODE_REGISTRY, SAMPLERS, ReplayConfig, StoreView, advantage_priorities, beta_schedule, effective_sample_size,
                     freshness_priorities, get_sampler, importance_weights, sampler_from_config, weighted_draw)
 from replay.samplers import replayed_priorities, reward_fresh_priorities, stratified_draw
 
@@ -234,17 +234,18 @@ def test_group_sampler_draws_whole_groups_with_replacement():
 
 
 def test_registry_and_one_signature():
-    assert set(SAMPLERS) == {"uniform", "advantage", "freshness", "success", "group"}
+    assert {e.sampler.__name__ for e in MODE_REGISTRY.values()} <= set(SAMPLERS)  # every built-in mode's
     with pytest.raises(ValueError, match="unknown sampler 'prioritized'; valid: advantage, freshness, group, success"):
         get_sampler("prioritized")
-    for name, fn in SAMPLERS.items():
+    for entry in MODE_REGISTRY.values():
+        name, fn = entry.name, entry.sampler
         params = list(inspect.signature(fn).parameters.values())
         assert [p.name for p in params[:4]] == ["view", "k", "step", "rng"], name
         assert params[4].name == "fresh_prompt_uids" and params[4].kind is inspect.Parameter.KEYWORD_ONLY
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[4:]), name
-        # no defaults of their own: every knob comes from the config (its MODE_DEFAULTS)
+        # no defaults of their own: every knob comes from the config, bound by the mode's entry
         assert all(p.default is inspect.Parameter.empty for p in params[5:]), name
-        bound = sampler_from_config(ReplayConfig(mode={"group": "naive"}.get(name, name), beta_steps=10))
+        bound = sampler_from_config(ReplayConfig(mode=name, beta_steps=10))
         assert len(bound(view_of(np.ones(4, np.float32)), 0, 0, np.random.default_rng(0)).indices) == 0
 
 

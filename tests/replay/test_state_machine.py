@@ -11,16 +11,12 @@ import math
 import tempfile
 
 import numpy as np
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from replay import (KEEP_RULES, REFUSAL_REASONS, ReplayBuffer, ReplayConfig, RolloutBatch, RolloutStore, get_sampler,
-                    load_state, save_state)
+from buffer_machine import SETTINGS, BufferMachine  # tests/support: a new mode runs it too (README)
+from replay import KEEP_RULES, REFUSAL_REASONS, RolloutBatch, RolloutStore, get_sampler, load_state, save_state
 from replay.testing import random_batch
-
-SETTINGS = settings(max_examples=100, stateful_step_count=25, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
 
 
 def _rows(batch):
@@ -223,83 +219,6 @@ class StoreMachine(RuleBasedStateMachine):
             assert sum(ch.n_live for ch in chunks) == len(self.model)
             if chunks:
                 assert chunks[0].start <= max([chunks[0].n_live] + [len(ch) for ch in chunks[1:]])
-
-
-class BufferMachine(RuleBasedStateMachine):
-    @initialize(mode=st.sampled_from(["naive", "uniform", "advantage", "freshness", "success"]),
-                ratio=st.sampled_from([0.0, 0.5, 1.0, 2.0]), warmup=st.integers(0, 3),
-                max_age=st.none() | st.integers(1, 3), capacity=st.integers(1, 60), replacement=st.booleans(),
-                seed=st.integers(0, 1000))
-    def setup(self, mode, ratio, warmup, max_age, capacity, replacement, seed):
-        self.cfg = ReplayConfig(mode=mode, ratio=ratio, warmup=warmup, max_age=max_age, capacity=capacity,
-                                replacement=replacement, seed=seed, tau=2.0, beta_steps=8)
-        self.buf, self.twin = ReplayBuffer(self.cfg), ReplayBuffer(self.cfg)
-        self.step = 0
-        self.tmp = tempfile.TemporaryDirectory()
-
-    def teardown(self):
-        if hasattr(self, "tmp"):
-            self.tmp.cleanup()
-
-    @rule(n_groups=st.integers(0, 4), group_size=st.integers(1, 4), seed=st.integers(0, 2 ** 16),
-          advance=st.integers(1, 3))
-    def train_step(self, n_groups, group_size, seed, advance):
-        self.step += advance
-        fresh = random_batch(np.random.default_rng(seed), n_groups, group_size, self.step, n_prompts=4,
-                             group_id_base=self.step * 10)
-        limit = self.cfg.max_age_steps
-        before = self.buf.store.view()
-        available = int(np.sum(before.versions >= self.step - limit)) if limit is not None else len(before)
-        comp = self.buf.step(fresh, self.step)
-        twin = self.twin.step(fresh, self.step)
-        # The reloaded twin continues exactly like the original.
-        assert np.array_equal(comp.indices, twin.indices)
-        for f in RolloutBatch.__dataclass_fields__:
-            assert np.array_equal(getattr(comp.batch, f), getattr(twin.batch, f)), f
-        layout = ("replay/nbytes", "replay/bytes_per_token")  # a reload compacts storage
-        drop = lambda m: {k: v for k, v in m.items() if k not in layout}  # noqa: E731
-        assert drop(self.buf.metrics()) == drop(self.twin.metrics())
-        # Fresh never displaced: every fresh rollout is in the batch, in order.
-        batch = comp.batch
-        fresh_rows = batch.select(np.flatnonzero(~comp.is_replay))
-        assert np.array_equal(fresh_rows.response_ids, fresh.response_ids)
-        assert np.array_equal(fresh_rows.response_offsets, fresh.response_offsets)
-        rep = comp.replayed
-        assert np.all(rep.versions < self.step)
-        if limit is not None:
-            assert np.all(self.step - rep.versions <= limit)
-        k = 0 if self.step < self.cfg.warmup else min(math.floor(self.cfg.ratio * len(fresh) + 0.5), available)
-        if self.cfg.mode in ("uniform", "advantage", "freshness"):
-            assert len(rep) == (k if self.cfg.replacement else min(k, available))
-            if not self.cfg.replacement and self.cfg.mode != "freshness":  # FreshPER always replaces
-                assert len(set(comp.indices.tolist())) == len(comp.indices)
-        elif self.cfg.mode == "success":
-            assert np.all(rep.rewards > self.cfg.success_threshold)
-            assert set(rep.prompt_uids.tolist()) <= set(fresh.prompt_uids.tolist())
-        elif k == 0:
-            assert len(rep) == 0
-
-    @rule(through_file=st.booleans())
-    def save_and_reload_twin(self, through_file):
-        if through_file:
-            path = f"{self.tmp.name}/replay.npz"
-            self.twin.save(path)
-            self.twin = ReplayBuffer.load(path, self.cfg)
-        else:
-            state = self.twin.state_dict()
-            self.twin = ReplayBuffer(self.cfg)
-            self.twin.load_state_dict(state)
-
-    @invariant()
-    def bounded_and_twinned(self):
-        if not hasattr(self, "buf"):
-            return
-        assert len(self.buf) <= self.cfg.capacity
-        view, twin = self.buf.store.view(), self.twin.store.view()
-        for name in ("serials", "priorities", "newest"):
-            assert np.array_equal(getattr(view, name), getattr(twin, name)), name
-        assert view.max_priority == twin.max_priority
-        assert self.buf.store.counters == self.twin.store.counters
 
 
 TestStoreMachine = StoreMachine.TestCase

@@ -88,7 +88,7 @@ def test_image_pins_match_the_requirements():
 # (tests/scripts/test_rehearsal.py: at 1-32 GPUs and three scales); the commands the scripts build
 # are checked with a stand-in python below (test_every_condition_shares_the_baseline_settings,
 # test_gpu_count_and_model_scale_shape_the_command).
-DRY_RUNS = [("train_grpo", {}), ("train_grpo_replay", {})] + [
+DRY_RUNS = [("train_grpo", {}), ("train_grpo_replay", {}), ("train_grpo_replay", {"M2PO": "1"})] + [
     ("eval", {}),
     ("eval", {"CONDITION": "grpo_replay"}),
     ("eval", {"CONDITION": "grpo_replay", "SWEEP": 1}),
@@ -136,6 +136,11 @@ def test_dry_run_validates_the_exact_command(dry_runs, case):
         assert "1024 fresh rollouts per step" in proc.stdout
     if script == "train_grpo_replay" and not extra:
         assert "512 replayed + 1024 fresh rollouts per step after step 20" in proc.stdout
+    if extra.get("M2PO"):  # M2PO's rule and AReaL's behaviour-weight cap win over the script's stale
+        assert command.endswith("--replay.off_policy m2po --algo.advantage.is_correction_level token "
+                                "--algo.advantage.is_correction_mode mask --algo.advantage.is_correction_gating ratio "
+                                "--algo.advantage.is_correction_threshold 5.0"), command
+        assert "grpo_replay_m2po_seed42" in command
 
 
 def test_dry_runs_write_nothing(dry_runs):

@@ -4,10 +4,10 @@ Upstream's `make_experience_batch` turns one step's rollouts into Experience mic
 advantages. This subclass then (1) converts them into the replay core's records and lets the
 buffer evict, draw and store (the draw sees only earlier steps), (2) turns the drawn rollouts
 into Experience micro-batches shaped like the fresh ones (RLEP: plus rows without loss that complete
-its exact count to whole training batches), (3) with `--replay.off_policy refresh` or `recompute`
-recomputes their old log-probs under the current weights, with a critic (`gae`) recomputes their
-advantages and returns against the current critic (`critic.py`), and (4) orders the list so that every
-data-parallel rank gets the same fresh/replay split, because upstream hands each rank one
+its exact count to whole training batches), (3) where the off-policy rule says so (`refresh`,
+`recompute`, `m2po`) recomputes their old log-probs under the current weights, with a critic (`gae`)
+recomputes their advantages and returns against the current critic (`critic.py`), and (4) orders the
+list so that every data-parallel rank gets the same fresh/replay split, because upstream hands each rank one
 contiguous chunk (`RayActorGroup.async_run_method_batch`).
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
                                            token_rewards=[c.rewards for c in gae_calls] if critic else None)
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
                                 divide_by_std=args.algo.advantage.estimator != "dr_grpo", refill=self.refill_rows)
-        if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
+        if self.replay.config.entry.rewrites_fresh_advantages:  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
         # 3. The replayed rows into the loss: micro-batches shaped like the fresh ones, per rank,
         # with their importance weights, and the inert rows that complete the step to whole training
@@ -102,7 +102,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.composition = comp
         self.inert_rows = sum(int(share.inert.sum()) for share in shares)
         replayed = [e for part in per_rank for e in part]
-        if self.replay.config.effective_off_policy in ("refresh", "recompute") and len(comp.replayed):
+        if self.replay.config.off_policy_rule.recompute_old and len(comp.replayed):
             self._refresh_old_log_probs(replayed)
         if critic and replayed:  # against the current critic, whitened as the fresh rows (inert rows too:
             # the critic's loss reads every row's values and returns)
@@ -116,14 +116,35 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         dump_step(self.step, batch, comp)
         return batch
 
+    def split_rollout_samples(self, rollout_samples):
+        """Upstream's micro-batches of the fresh samples; when dynamic filtering left fewer than one
+        micro-batch per data-parallel rank (refill's short steps, the last step of an epoch), smaller
+        ones, so that every rank still gets one: upstream's forward dispatch refuses fewer items than
+        ranks. (Under dynamic batching upstream already makes at least one per rank.)"""
+        ranks, micro = data_parallel_ranks(self.args), self.args.rollout.micro_batch_size
+        if self.args.train.dynamic_batch_enable or len(rollout_samples) >= micro * ranks:
+            return super().split_rollout_samples(rollout_samples)
+        if len(rollout_samples) < ranks:
+            raise ValueError(f"dynamic filtering kept {len(rollout_samples)} rollouts this step, fewer than the "
+                             f"{ranks} data-parallel ranks that each need one; widen --algo.dynamic_filtering_range "
+                             "or use fewer ranks")
+        rollout = self.args.rollout
+        rollout.micro_batch_size = len(rollout_samples) // ranks  # upstream's split, at this size, this once
+        try:
+            return super().split_rollout_samples(rollout_samples)
+        finally:
+            rollout.micro_batch_size = micro
+
     def _refresh_old_log_probs(self, replayed: list[Experience]) -> None:
         """pi_old of replayed rows := the current policy's log-probs (the actor's forward, as upstream
         computes them for fresh rows), before the update.
 
         `refresh`: `rollout_log_probs` keeps the behaviour policy's, so upstream's IS correction
         (`--algo.advantage.is_correction_*`) weighs and truncates pi_old / pi_behaviour.
+        `m2po` as `refresh`; the loss then masks the tokens of largest (log pi_old - log pi_behaviour)^2.
         `recompute` (RLEP): no importance weight; where upstream's IS correction is on for the fresh
-        rows, `rollout_log_probs` takes the recomputed values too, so its weight is exactly 1 here."""
+        rows, `rollout_log_probs` takes the recomputed values too, so its weight is exactly 1 here.
+        Which of these a rule does is its registry entry's (`replay/modes.py`)."""
         refs = self._dispatch_forward(
             self.actor_model_group,
             self.args.train.colocate_all or self.args.train.colocate_actor_ref,
@@ -132,7 +153,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
             attention_mask=[e.attention_mask for e in replayed],
         )
         duplicate = self.args.ds.ring_attn_size * self.args.ds.tensor_parallel_size
-        no_weight = self.replay.config.effective_off_policy == "recompute"
+        no_weight = not self.replay.config.off_policy_rule.behaviour_weight
         for exp, log_probs in zip(replayed, self._flatten_results(refs, duplicate)):
             exp.action_log_probs = log_probs.to(exp.action_log_probs.dtype)
             if no_weight and exp.rollout_log_probs is not None:

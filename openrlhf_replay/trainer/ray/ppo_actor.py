@@ -32,6 +32,7 @@ from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
 from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REFILL_KEY, REPLAYED_KEY, per_kind
 from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
+from openrlhf_replay.trainer.ray.m2po import m2po_keep
 from openrlhf_replay.utils import undecorated
 from replay import ReplayConfig
 
@@ -64,13 +65,24 @@ class SplitStatsPolicyLoss(PolicyLoss):
     """Upstream's `PolicyLoss` (same loss, same return), which also writes per-row clip and ratio
     statistics, per kind of row, into the info dict of the micro-batch being trained (`row_info`);
     with KL as a loss (`row_ref_log_probs` set), each row's KL to the reference model too, as the
-    KL loss computes it (`replay/kl_fresh`, `replay/kl_replay`)."""
+    KL loss computes it (`replay/kl_fresh`, `replay/kl_replay`).
+
+    With `m2_threshold` set (`--replay.off_policy m2po`), upstream's loss first loses the tokens M2PO
+    masks (`m2po.m2po_keep`, over every token of the micro-batch, fresh and replayed, as AReaL's
+    `grpo_loss_fn`): they leave the action mask the loss reads, and `replay/m2po_masked_*` says
+    which share of each kind's tokens went."""
 
     row_info: dict | None = None
     row_ref_log_probs: torch.Tensor | None = None  # (B, T - 1) the micro-batch's base_action_log_probs
     kl_estimator: str = "k1"
+    m2_threshold: float | None = None
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, **kwargs):
+        behaviour = kwargs.get("rollout_log_probs")
+        if self.m2_threshold is not None and action_mask is not None and behaviour is not None:
+            kept = m2po_keep(old_log_probs, behaviour, action_mask, self.m2_threshold)
+            self._log_m2po(action_mask, kept)
+            action_mask = kept.to(action_mask.dtype)
         out = super().forward(log_probs, old_log_probs, advantages, action_mask=action_mask, **kwargs)
         info = self.row_info
         if info is not None and REPLAYED_KEY in info and action_mask is not None:
@@ -87,12 +99,25 @@ class SplitStatsPolicyLoss(PolicyLoss):
                 info.update(per_kind(f"replay/{name}_replay", value.cpu(), replayed, "replay", inert))
         return out
 
+    def _log_m2po(self, action_mask: torch.Tensor, kept: torch.Tensor) -> None:
+        """Per row, the share of its tokens M2PO masked, by kind (`replay/m2po_masked_fresh|replay`)."""
+        info = self.row_info
+        if info is None or REPLAYED_KEY not in info:
+            return
+        tokens = action_mask.float().sum(-1)
+        masked = ((action_mask.bool() & ~kept).float().sum(-1) / tokens.clamp(min=1)).detach().cpu()
+        replayed, inert = _replayed_rows(info), _replayed_rows(info, key=INERT_KEY)
+        info.update(per_kind("replay/m2po_masked_fresh", masked, replayed, "fresh"))
+        info.update(per_kind("replay/m2po_masked_replay", masked, replayed, "replay", inert))
+
 
 class ReplayActorPPOTrainer(ActorPPOTrainer):
     """`ActorPPOTrainer` whose statistics are split by kind of row."""
 
-    def enable_split_stats(self) -> None:
+    def enable_split_stats(self, m2_threshold: float | None = None) -> None:
+        """`m2_threshold`: M2PO's (the off-policy rule's `m2_mask`), None without it."""
         self.actor_loss_fn.__class__ = SplitStatsPolicyLoss  # same state, one extra behaviour
+        self.actor_loss_fn.m2_threshold = m2_threshold
         self.trained_rows = dict.fromkeys(TRAINED_KINDS, 0)
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
@@ -149,11 +174,12 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
     def init_model_from_pretrained(self, strategy, pretrain, max_steps=None, vllm_engines=None):
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         self._received = {"fresh": 0, "replayed": 0, "fresh_rows": 0, "rows": 0}
-        if ReplayConfig.from_namespace(strategy.args).enabled:
+        config = ReplayConfig.from_namespace(strategy.args)
+        if config.enabled:
             # Upstream builds its ActorPPOTrainer inline; building a second one would open a
             # second weight-sync group to vLLM, so the instance is switched to the subclass.
             self.trainer.__class__ = ReplayActorPPOTrainer
-            self.trainer.enable_split_stats()
+            self.trainer.enable_split_stats(config.m2_threshold if config.off_policy_rule.m2_mask else None)
             pace_by_rollout_steps(self.actor_scheduler)  # after upstream has loaded a checkpoint's state
             if strategy.args.train.dynamic_batch_enable:  # pack replayed rows too (dynamic_batch.py)
                 self.trainer.replay_buffer.__class__ = AllRowsReplayBuffer

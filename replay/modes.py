@@ -1,0 +1,152 @@
+"""The built-in replay modes and off-policy rules, one registry entry each (`replay/registry.py`).
+
+Every default of a mode is here, beside its sampler, keep rule, composer and hooks; docs/METHOD.md
+section 3 is the table of the same. RLEP's pool keeps every success of a prompt: a prompt returns
+once per epoch, so an age limit shorter than an epoch would empty it before its prompt comes back.
+FreshPER keeps every rollout, as its reference buffer does (its priority is |reward|, not |A|), and
+its alpha is 0.6; the method's is 0.5.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+import replay.samplers as samplers
+from replay.composer import compose, compose_rlep, nominal_replay_count
+from replay.registry import ModeHooks, OffPolicyRule, ReplayMode, mode_names, off_policy_names, register_mode, \
+    register_off_policy
+
+# What format-1 code stored and ranked by in freshness mode (the other modes' rules are unchanged).
+FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
+                           "maximum, the drawn updated to max(|reward|, 1e-6)")
+_FRESHNESS_FORMAT_1 = {"keep rule": "nonzero_advantage", "priority rule": "(|A| + eps) ** alpha x exp(-age / tau)"}
+
+
+def ratio_target(config: Any, n_fresh: int, n_groups: int, multiple_of: int = 1) -> int:
+    """Fresh-anchored modes: ratio x n_fresh in whole multiples of `multiple_of`."""
+    return nominal_replay_count(n_fresh, config.ratio, multiple_of)
+
+
+def ratio_text(config: Any, prompts: int, fresh: int) -> str:
+    return f"--replay.ratio {config.ratio} x {fresh} fresh rollouts"
+
+
+# -------------------------------------------------------------------- FreshPER
+
+
+class FreshPERHooks(ModeHooks):
+    """Prioritised replay's state (FreshPER, `reward_fresh`): a rollout enters at |reward| + eps,
+    and each drawn one is updated to max(|reward|, 1e-6), raising the running maximum. The state is
+    the store's priorities column and max_priority, saved with the store."""
+
+    def insert_priorities(self, fresh, config):
+        return samplers.reward_fresh_priorities(fresh.rewards, config.eps)
+
+    def after_draw(self, store, composition, config):
+        drawn = composition.indices
+        store.update_priorities(drawn, samplers.replayed_priorities(store.view().rewards[drawn]))
+
+
+def _freshness_check(config) -> None:
+    if config.eps == 0:
+        raise ValueError(f"replay.eps = {config.eps!r} in freshness mode gives a rollout of reward 0 the priority "
+                         "0, with which it cannot be stored: make it positive (the default is 1e-6)")
+
+
+def _freshness_check_buffer(config) -> None:
+    if config.beta_steps is None and config.beta_start != config.beta_end:
+        raise ValueError(f"replay.beta_steps is unset: the freshness importance weights anneal over it from "
+                         f"beta_start {config.beta_start} to beta_end {config.beta_end}; set it to the run's length "
+                         "in steps (config.for_run(steps)), or beta_end to beta_start for a fixed beta")
+
+
+def _freshness_for_run(config, steps: int):
+    return config if config.beta_steps is not None else dataclasses.replace(config, beta_steps=steps)
+
+
+def _advantage_check(config) -> None:
+    if config.eps == 0 and config.min_abs_advantage == 0:
+        raise ValueError(
+            f"replay.eps = {config.eps!r} with replay.min_abs_advantage = {config.min_abs_advantage!r} would store "
+            "rollouts with priority 0 that can never be drawn: make one of them positive")
+
+
+# -------------------------------------------------------------------- RLEP
+
+
+def _per_prompt_target(config, n_fresh: int, n_groups: int, multiple_of: int = 1) -> int:
+    """RLEP: `per_prompt` for each fresh group, exact (the integration adds inert rows)."""
+    return config.per_prompt * n_groups
+
+
+def _per_prompt_text(config, prompts: int, fresh: int) -> str:
+    return f"--replay.per_prompt {config.per_prompt} x {prompts} prompts"
+
+
+def _rlep_describe(config, args, rows: int) -> str:
+    pool = (f"from the first step, from the offline pool {config.success_pool} (no warm-up: it is full before "
+            "the run)" if config.success_pool else f"after step {config.warmup}, from the in-run pool (the run's "
+            "own successes: a prompt's from its second visit, once per epoch)")
+    return (f"replay: mode success (RLEP), up to {config.per_prompt} successes of each of the {args.rollout.batch_size} "
+            f"prompts (min of that and its stored successes) join its group of {args.rollout.n_samples_per_prompt} "
+            f"{pool}, completed by inert rows to whole --train.batch_size {args.train.batch_size} batches (at most "
+            f"{rows} rows); pi_old of replayed rows: {config.effective_off_policy}")
+
+
+def _compose_fresh_anchored(fresh, store, sampler, config, step, rng, multiple_of=1, *, divide_by_std=True, extra=0):
+    """`compose`, with the composers' common signature (group advantages are not recomputed)."""
+    return compose(fresh, store, sampler, config, step, rng, multiple_of, extra)
+
+
+# -------------------------------------------------------------------- the entries
+
+COMMON = dict(composer=_compose_fresh_anchored, target=ratio_target, count_text=ratio_text)
+
+register_mode(ReplayMode(
+    name="naive", help="whole groups, FIFO, uniform with replacement", sampler=samplers.group,
+    knobs=lambda c: {}, keep="nonzero_group", **COMMON))
+register_mode(ReplayMode(
+    name="uniform", help="every stored rollout equally likely", sampler=samplers.uniform,
+    knobs=lambda c: dict(replacement=c.replacement), keep="nonzero_advantage", max_age_steps=10, **COMMON))
+register_mode(ReplayMode(
+    name="advantage", help="the method: priority (|A| + eps) ** alpha", sampler=samplers.advantage,
+    knobs=lambda c: dict(alpha=c.effective_alpha, eps=c.eps, replacement=c.replacement),
+    keep="nonzero_advantage", max_age_steps=10, check=_advantage_check, **COMMON))
+register_mode(ReplayMode(
+    name="freshness", help="FreshPER: PER by |reward| decayed by age, every rollout stored",
+    sampler=samplers.freshness,
+    knobs=lambda c: dict(alpha=c.effective_alpha, tau=c.tau, beta_start=c.beta_start, beta_end=c.beta_end,
+                         beta_steps=c.beta_steps),
+    keep="all", alpha=0.6, hooks=FreshPERHooks, check=_freshness_check, check_buffer=_freshness_check_buffer,
+    for_run=_freshness_for_run, priority_rule=FRESHNESS_PRIORITY_RULE, format_1_rules=_FRESHNESS_FORMAT_1, **COMMON))
+register_mode(ReplayMode(
+    name="success", help="RLEP: verified-correct rollouts join their prompt's fresh group",
+    sampler=samplers.success, knobs=lambda c: dict(threshold=c.success_threshold, per_prompt=c.per_prompt),
+    keep="success", composer=compose_rlep, target=_per_prompt_target, off_policy="recompute", offline_pool=True,
+    rewrites_fresh_advantages=True, estimators=("group_norm", "dr_grpo"), kl_in_reward=False,
+    no_refill="RLEP's replayed successes join the fresh group of their own prompt, and a filtered group has no rows "
+              "left to join",
+    count_text=_per_prompt_text, describe=_rlep_describe))
+
+# Upstream's IS corrections that weigh a token by pi_old / pi_behaviour (token level, by the ratio):
+# `clip` truncates the weight to the threshold band, `mask` drops tokens outside it.
+TOKEN_CLIP = ("token", "clip", "ratio")
+TOKEN_MASK = ("token", "mask", "ratio")
+
+register_off_policy(OffPolicyRule(
+    name="stale", help="pi_old is the stored behaviour log-prob (every mode but RLEP)"))
+register_off_policy(OffPolicyRule(
+    name="refresh", help="pi_old recomputed under the current weights, with a truncated IS weight",
+    recompute_old=True, corrections=(TOKEN_CLIP,)))
+register_off_policy(OffPolicyRule(
+    name="recompute", help="pi_old recomputed under the current weights, no IS weight (RLEP)",
+    recompute_old=True, behaviour_weight=False))
+register_off_policy(OffPolicyRule(
+    name="m2po", help="M2PO: as refresh, and each micro-batch masks its tokens of largest "
+    "(log pi_old - log pi_behaviour)^2 until their mean is below --replay.m2_threshold",
+    recompute_old=True, corrections=(TOKEN_MASK, TOKEN_CLIP), m2_mask=True))
+
+MODES = mode_names()  # the built-in ones; `registry.mode_names()` also lists those registered later
+OFF_POLICY = off_policy_names()
