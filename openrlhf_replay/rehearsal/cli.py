@@ -46,7 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         args.report.write_text(json.dumps(report) + "\n", encoding="utf-8")
     print(json.dumps(report))
     ok = all(s["crash"] is None for s in report.get("shapes", [report]))
-    return 0 if ok and report["steps_completed"] == report["steps_expected"] else 1
+    return 0 if ok and completed(report) else 1
+
+
+def completed(report: dict) -> bool:
+    """Every step walked: as many as the prompts make, or, when that is not known in advance
+    (dynamic filtering), every episode's data loader run dry."""
+    if report["steps_expected"] is None:
+        return report.get("episodes_completed") == report.get("episodes_expected") and report["steps_completed"] > 0
+    return report["steps_completed"] == report["steps_expected"]
 
 
 def _field_doc(name: str) -> str:

@@ -368,8 +368,11 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
     warmup_rollout = next((i + 1 for i, p in enumerate(positions) if p >= warmup_opt), None)
     ages = [s["age_max"] for s in after_warmup if s["replayed"]]
     return {
-        "steps_expected": steps_per_episode * args.train.num_episodes,
+        # Dynamic filtering spends replacement prompts: a step's count per episode is what the filter keeps.
+        "steps_expected": None if args.algo.dynamic_filtering_enable else steps_per_episode * args.train.num_episodes,
         "steps_completed": len(steps),
+        "episodes_expected": args.train.num_episodes,
+        "episodes_completed": record.episodes_done,
         "steps_per_episode": [sum(1 for s in steps if s["episode"] == e) for e in range(record.episode + 1)],
         "crash": record.crash,
         "crash_step": record.crash_step,

@@ -87,7 +87,7 @@ def table_row(name: str, report: dict) -> list[str]:
     replays = bool(replayed["steps_after_warmup"])
     return [
         f"`{name}.sh`" if name.startswith("train_") else name,
-        f"{report['steps_completed']} of {report['steps_expected']} "
+        f"{report['steps_completed']} of {report['steps_expected'] or 'as filtered'} "
         f"({', '.join(map(str, report['steps_per_episode']))})",
         report.get("off_policy") or "-",
         (f"{' / '.join(_number(replayed[k]) for k in ('min', 'median', 'max'))}; "
