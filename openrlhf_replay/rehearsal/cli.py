@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def completed(report: dict) -> bool:
     """Every step walked: as many as the prompts make, or, when that is not known in advance
-    (dynamic filtering), every episode's data loader run dry."""
+    (dynamic filtering), every episode's data loader run dry. (More episodes than asked for: upstream
+    resumed from a checkpoint taken at an episode's last step, which it walks again.)"""
     if report["steps_expected"] is None:
-        return report.get("episodes_completed") == report.get("episodes_expected") and report["steps_completed"] > 0
+        return report.get("episodes_completed", 0) >= report.get("episodes_expected", 1) and report["steps_completed"] > 0
     return report["steps_completed"] == report["steps_expected"]
 
 
