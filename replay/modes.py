@@ -171,13 +171,21 @@ def _compose_exgrpo(fresh, store, sampler, config, step, rng, multiple_of=1, *, 
     return dataclasses.replace(comp, replayed=comp.replayed.replace(advantages=adv))
 
 
+def _exgrpo_describe(config, args, rows: int) -> str:
+    return (f"replay: mode exgrpo (ExGRPO), after step {config.warmup} one stored success of each of up to {rows} "
+            f"questions a step (fewer when fewer are replayable, in whole --train.batch_size {args.train.batch_size} "
+            f"batches) beside {args.rollout.batch_size * args.rollout.n_samples_per_prompt} fresh rollouts; buckets "
+            f"of K = {config.group_size or args.rollout.n_samples_per_prompt} rollouts per prompt; replayed rows: "
+            f"their mixed group's advantage, off-policy rule {config.effective_off_policy}")
+
+
 register_mode(ReplayMode(
     name="exgrpo", help="ExGRPO: questions of medium success rate, each its lowest-perplexity stored success, "
     "trained on a shaped objective", sampler=exgrpo.exgrpo, knobs=_exgrpo_knobs, keep="exgrpo",
     composer=_compose_exgrpo, target=ratio_target, count_text=ratio_text, off_policy="exgrpo", hooks=ExGRPOHooks,
     check_buffer=_exgrpo_check_buffer, estimators=("group_norm", "dr_grpo", "rloo"),
     estimators_why="its retirement marker is a success of advantage 0, which an all-correct group has under these",
-    kl_in_reward=False))
+    kl_in_reward=False, describe=_exgrpo_describe))
 
 # Upstream's IS corrections that weigh a token by pi_old / pi_behaviour (token level, by the ratio):
 # `clip` truncates the weight to the threshold band, `mask` drops tokens outside it.
