@@ -278,7 +278,7 @@ mark_done() {
 # rerun the same command), tensorboard/, model/ (the final weights) and DONE at the end.
 # The flags M2PO=1 appends after a script's own (so they win over its --replay.off_policy).
 m2po_args() {  # <module> <the script's arguments...>
-  local module=$1 prev= arg asked=$M2PO
+  local module=$1 prev='' arg asked=$M2PO
   shift
   for arg in "$@"; do
     [[ $prev == --replay.off_policy && $arg == m2po ]] && asked=1
