@@ -115,6 +115,10 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     if entry.estimators is not None and estimator not in entry.estimators:
         errors.append(f"--replay.mode {config.mode} runs with --algo.advantage.estimator {' or '.join(entry.estimators)} "
                       f"({entry.estimators_why}), not {estimator}; pass --algo.advantage.estimator {entry.estimators[0]}")
+    if config.group_size is not None and config.group_size != args.rollout.n_samples_per_prompt:
+        errors.append(f"--replay.group_size {config.group_size} is K, the run's rollouts per prompt, which are "
+                      f"--rollout.n_samples_per_prompt {args.rollout.n_samples_per_prompt}: drop --replay.group_size "
+                      "(the trainer fills it)")
     errors += _critic_rank_errors(args)
     if args.train.async_enable:
         errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
