@@ -42,9 +42,10 @@ def test_exgrpo_replays_with_its_mixed_advantage_and_its_shaped_loss(run):
     from replay.exgrpo import mixed_group_advantage
 
     assert f"buckets of K = {K} rollouts per prompt" in run["log"] and "off-policy rule exgrpo" in run["log"]
+    assert "replay: off-policy rule exgrpo, actor loss ShapedSplitStatsPolicyLoss" in run["log"]
     by_step = lambda key: run["scalars"].get(f"train/{key}", {})  # noqa: E731
     assert by_step("replay/replayed") == {1: 0, 2: 2}
-    dump = json.loads((run["dir"].parent / "dump" / "step2.json").read_text())
+    dump = json.loads((run["dir"].parent / "dump" / "step1.json").read_text())  # the buffer counts from 0
     replayed = [r for r in dump["rows"] if r["replayed"] and not r["inert"]]
     assert len(replayed) == 2
     allowed = [float(a) for a in mixed_group_advantage([1, 2, 3], K, divide_by_std=True)]  # group_norm's scale

@@ -29,6 +29,7 @@ import torch
 from openrlhf.models import PolicyLoss
 from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_replay.trainer.exgrpo_loss import ShapedReplayPolicyLoss
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
@@ -37,6 +38,8 @@ from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
 from openrlhf_replay.trainer.ray.m2po import m2po_keep
 from openrlhf_replay.utils import undecorated
 from replay import ReplayConfig
+
+logger = init_logger(__name__)  # upstream's handler: a bare logger prints nothing inside a Ray actor
 
 # Generation statistics that mean something on replayed rows too (stored with the rollout).
 REPLAYED_ROW_STATS = ("reward", "response_length")
@@ -201,6 +204,7 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
             self.trainer.__class__ = ReplayActorPPOTrainer
             rule = config.off_policy_rule
             self.trainer.enable_split_stats(config.m2_threshold if rule.m2_mask else None, rule.policy_shaping)
+            logger.info(f"replay: off-policy rule {rule.name}, actor loss {type(self.trainer.actor_loss_fn).__name__}")
             pace_by_rollout_steps(self.actor_scheduler)  # after upstream has loaded a checkpoint's state
             if strategy.args.train.dynamic_batch_enable:  # pack replayed rows too (dynamic_batch.py)
                 self.trainer.replay_buffer.__class__ = AllRowsReplayBuffer
