@@ -20,7 +20,7 @@ from replay.pool import POOL_VERSION, SuccessPool, load_pool
 from replay.record import RolloutBatch
 from replay.registry import ModeHooks
 from replay.samplers import sampler_from_config
-from replay.store import RolloutStore
+from replay.store import SUCCESS_RULES, RolloutStore
 
 # 2: the state records its holding rules and the store its per-rollout priorities. Format 1 is
 # still read, with the rules its code had (each mode entry's `format_1_rules`).
@@ -45,9 +45,9 @@ def holding_rules(config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> 
     rules = {"replay.max_age": config.max_age_steps or "unset (no age limit)", "replay.capacity": config.capacity,
              KEEP_RULE: config.store_filter,
              KL_RULE: ", ".join(f"{c} ({_KL_COLUMN_USE[c]})" for c in token_columns) or NO_KL_COLUMNS}
-    if config.store_filter == "success":
+    if config.store_filter in SUCCESS_RULES:
         rules["replay.success_threshold"] = config.success_threshold
-    elif config.store_filter != "all":
+    if config.store_filter not in ("all", "success"):  # exgrpo reads both thresholds
         rules["replay.min_abs_advantage"] = config.min_abs_advantage
     if config.entry is not None and config.entry.priority_rule is not None:
         rules[PRIORITY_RULE] = config.entry.priority_rule

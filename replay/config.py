@@ -80,6 +80,10 @@ class ReplayConfig:
     min_abs_advantage: float = 1e-6
     """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups;
     not applied in success and freshness modes)."""
+    group_size: Optional[int] = None
+    """Rollouts per prompt, K (exgrpo: its buckets are success counts out of K). Unset: the
+    integration fills it from --rollout.n_samples_per_prompt when it builds the buffer; set, it
+    must equal that."""
     off_policy: Optional[str] = None
     """How replayed rows enter the loss (pi_old and the importance weight); unset: the mode's
     default (recompute for success, stale for the others). One registered rule (replay/modes.py):"""
@@ -131,6 +135,8 @@ class ReplayConfig:
         if self.beta_steps is not None:
             _integer("beta_steps", self.beta_steps, low=0, extra="; unset means the run's length")
         _integer("per_prompt", self.per_prompt, low=1)
+        if self.group_size is not None:
+            _integer("group_size", self.group_size, low=1, extra="; unset means --rollout.n_samples_per_prompt")
         _number("success_threshold", self.success_threshold)
         _number("min_abs_advantage", self.min_abs_advantage, low=0.0)
         _number("m2_threshold", self.m2_threshold, low=0.0, strict=True)
@@ -194,15 +200,19 @@ class ReplayConfig:
         its successes before step 0 and replays from the first step, as RLEP runs it."""
         return 0 if self.success_pool else self.warmup
 
-    def for_run(self, steps: int) -> ReplayConfig:
-        """This config with what derives from the run's length filled in by the mode's entry
-        (freshness: beta_steps, unless set); other modes return it unchanged."""
-        entry = self.entry
-        return entry.for_run(self, steps) if entry and entry.for_run else self
+    def for_run(self, steps: int, group_size: int | None = None) -> ReplayConfig:
+        """This config with what derives from the run filled in: `group_size` (the run's rollouts
+        per prompt) where unset, and what derives from the run's length, by the mode's entry
+        (freshness: beta_steps, unless set)."""
+        config = self
+        if group_size is not None and config.group_size is None:
+            config = dataclasses.replace(config, group_size=group_size)
+        entry = config.entry
+        return entry.for_run(config, steps) if entry and entry.for_run else config
 
     @property
     def sampler_name(self) -> str | None:
-        """Its sampler's name (a key of samplers.SAMPLERS for the built-ins), None when replay is off."""
+        """Its sampler's name (a key of samplers.SAMPLERS for those of samplers.py), None when replay is off."""
         return self.entry.sampler.__name__ if self.entry else None
 
     @property

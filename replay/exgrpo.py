@@ -46,7 +46,7 @@ import math
 
 import numpy as np
 
-from replay.record import RolloutBatch
+from replay.exgrpo_keep import keep_successes, trajectory_scores  # noqa: F401 (the storage rules)
 from replay.samplers import Draw
 from replay.store import StoreView
 
@@ -54,52 +54,25 @@ from replay.store import StoreView
 BUCKET_SIGMA = 1.0
 
 
-# -------------------------------------------------------------------- storage
+# -------------------------------------------------------------------- the replayed rows' advantage
 
 
-def trajectory_scores(batch: RolloutBatch) -> np.ndarray:
-    """(n,) float64 in (0, 1]: exp of the mean stored log-prob over each rollout's action tokens,
-    1 / its perplexity under the policy that generated it. The on-insert hook stores it as the
-    rollout's priority; the sampler replays the highest of a question (the lowest-entropy proxy).
-    A rollout without an action token scores the smallest positive float: it carries no
-    gradient, so it is the last choice."""
-    lp = np.where(batch.action_mask, batch.behaviour_logprobs.astype(np.float64), 0.0)
-    start, end = batch.response_offsets[:-1], batch.response_offsets[1:]
-    sums = np.r_[0.0, np.cumsum(lp)]
-    counts = np.r_[0, np.cumsum(batch.action_mask, dtype=np.int64)]
-    n_tokens = counts[end] - counts[start]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        score = np.exp((sums[end] - sums[start]) / n_tokens)
-    tiny = np.finfo(np.float64).tiny
-    return np.where((n_tokens > 0) & np.isfinite(score), np.maximum(score, tiny), tiny)
-
-
-def keep_successes(batch: RolloutBatch, ok: np.ndarray, *, threshold: float, min_abs_advantage: float) -> np.ndarray:
-    """ExGRPO's keep rule, (n,) bool over one step's rollouts (`ok`: those the store accepts).
-    Every success (reward > threshold) with |A| >= min_abs_advantage, i.e. of a group with
-    0 < k < K; and of each group whose valid rollouts all succeeded (|A| = 0), its first valid
-    success, as the question's retirement marker. Failures are never stored."""
-    success = ok & (batch.rewards > threshold)
-    informative = np.abs(batch.advantages) >= min_abs_advantage
-    keep = success & informative
-    _, group = np.unique(batch.group_ids, return_inverse=True)
-    n_groups = int(group.max(initial=-1)) + 1
-    failed = np.bincount(group, weights=ok & ~success, minlength=n_groups) > 0
-    solved = ~failed & (np.bincount(group, weights=ok, minlength=n_groups) > 0)
-    marker_rows = np.flatnonzero(success & ~informative & solved[group])
-    _, first = np.unique(group[marker_rows], return_index=True)
-    keep[marker_rows[first]] = True
-    return keep
-
-
-def mixed_group_advantage(k: np.ndarray, group_size: int) -> np.ndarray:
+def mixed_group_advantage(k: np.ndarray, group_size: int, divide_by_std: bool = False) -> np.ndarray:
     """The advantage a replayed success gets in the reference: it joins K - 1 fresh rollouts of
     its question and the group's mean is subtracted, without std (ref: `run_exgrpo.sh`,
     `algorithm.grpo_use_std=False`; `mix_trainer_experience.py:fit` -> `compute_advantage`). Here
     the fresh rollouts' success rate is taken at its expectation, the question's latest k / K:
-    1 - (1 + (K - 1) k / K) / K. (k,) -> float64."""
+    1 - m with m = (1 + (K - 1) k / K) / K. (k,) -> float64.
+
+    `divide_by_std` (a run whose fresh rows are `group_norm`'s): divided by that group's std as
+    group_norm takes it, with Bessel's correction, sqrt(K m (1 - m) / (K - 1)) for 0/1 rewards,
+    so that replayed and fresh advantages share a scale (exact where (K - 1) k / K is whole)."""
     k = np.asarray(k, np.float64)
-    return 1.0 - (1.0 + (group_size - 1) * k / group_size) / group_size
+    mean = (1.0 + (group_size - 1) * k / group_size) / group_size
+    if not divide_by_std:
+        return 1.0 - mean
+    std = np.sqrt(np.maximum(group_size * mean * (1.0 - mean) / (group_size - 1), 0.0))
+    return (1.0 - mean) / (std + 1e-9)
 
 
 # -------------------------------------------------------------------- the question table

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+import replay.exgrpo as exgrpo
 import replay.samplers as samplers
 from replay.composer import compose, compose_rlep, nominal_replay_count
 from replay.registry import ModeHooks, OffPolicyRule, ReplayMode, mode_names, off_policy_names, register_mode, \
@@ -126,9 +127,65 @@ register_mode(ReplayMode(
     sampler=samplers.success, knobs=lambda c: dict(threshold=c.success_threshold, per_prompt=c.per_prompt),
     keep="success", composer=compose_rlep, target=_per_prompt_target, off_policy="recompute", offline_pool=True,
     rewrites_fresh_advantages=True, estimators=("group_norm", "dr_grpo"), kl_in_reward=False,
+    estimators_why="it recomputes group advantages over the enlarged groups",
     no_refill="RLEP's replayed successes join the fresh group of their own prompt, and a filtered group has no rows "
               "left to join",
     count_text=_per_prompt_text, describe=_rlep_describe))
+
+# -------------------------------------------------------------------- ExGRPO
+
+
+class ExGRPOHooks(ModeHooks):
+    """ExGRPO's trajectory choice: a rollout enters with its `trajectory_scores` (1 / its perplexity
+    under the policy that generated it) as its stored priority, and the sampler replays the highest
+    of a question. A draw changes nothing; the state is the store's priorities column."""
+
+    def insert_priorities(self, fresh, config):
+        return exgrpo.trajectory_scores(fresh)
+
+
+def _exgrpo_knobs(config) -> dict[str, Any]:
+    return dict(group_size=config.group_size, threshold=config.success_threshold,
+                min_abs_advantage=config.min_abs_advantage)
+
+
+def _exgrpo_check_buffer(config) -> None:
+    if config.group_size is None or config.group_size < 2:
+        raise ValueError(f"replay.group_size is {config.group_size!r}: exgrpo buckets a question by its successes out "
+                         "of K rollouts, K >= 2; the integration sets it from --rollout.n_samples_per_prompt "
+                         "(ReplayConfig.for_run(steps, group_size)); with the core alone, set replay.group_size")
+
+
+def _compose_exgrpo(fresh, store, sampler, config, step, rng, multiple_of=1, *, divide_by_std=True, extra=0):
+    """The fresh-anchored batch, each replayed row with its mixed group's advantage
+    (`exgrpo.mixed_group_advantage` at its question's latest success count, on the fresh rows'
+    scale: `divide_by_std` unless dr_grpo) in place of the one frozen at its own step: the
+    advantage the reference gives it beside K - 1 fresh rollouts of its question."""
+    comp = compose(fresh, store, sampler, config, step, rng, multiple_of, extra)
+    if not len(comp.replayed):
+        return comp
+    uids, k, _, _ = exgrpo.questions(store.view(), threshold=config.success_threshold,
+                                     min_abs_advantage=config.min_abs_advantage)
+    at = np.searchsorted(uids, comp.replayed.prompt_uids)  # uids ascend; every drawn one is there
+    adv = exgrpo.mixed_group_advantage(k[at], config.group_size, divide_by_std).astype(np.float32)
+    return dataclasses.replace(comp, replayed=comp.replayed.replace(advantages=adv))
+
+
+def _exgrpo_describe(config, args, rows: int) -> str:
+    return (f"replay: mode exgrpo (ExGRPO), after step {config.warmup} one stored success of each of up to {rows} "
+            f"questions a step (fewer when fewer are replayable, in whole --train.batch_size {args.train.batch_size} "
+            f"batches) beside {args.rollout.batch_size * args.rollout.n_samples_per_prompt} fresh rollouts; buckets "
+            f"of K = {config.group_size or args.rollout.n_samples_per_prompt} rollouts per prompt; replayed rows: "
+            f"their mixed group's advantage, off-policy rule {config.effective_off_policy}")
+
+
+register_mode(ReplayMode(
+    name="exgrpo", help="ExGRPO: questions of medium success rate, each its lowest-perplexity stored success, "
+    "trained on a shaped objective", sampler=exgrpo.exgrpo, knobs=_exgrpo_knobs, keep="exgrpo",
+    composer=_compose_exgrpo, target=ratio_target, count_text=ratio_text, off_policy="exgrpo", hooks=ExGRPOHooks,
+    check_buffer=_exgrpo_check_buffer, estimators=("group_norm", "dr_grpo", "rloo"),
+    estimators_why="its retirement marker is a success of advantage 0, which an all-correct group has under these",
+    kl_in_reward=False, describe=_exgrpo_describe))
 
 # Upstream's IS corrections that weigh a token by pi_old / pi_behaviour (token level, by the ratio):
 # `clip` truncates the weight to the threshold band, `mask` drops tokens outside it.
@@ -147,6 +204,10 @@ register_off_policy(OffPolicyRule(
     name="m2po", help="M2PO: as refresh, and each micro-batch masks its tokens of largest "
     "(log pi_old - log pi_behaviour)^2 until their mean is below --replay.m2_threshold",
     recompute_old=True, corrections=(TOKEN_MASK, TOKEN_CLIP), m2_mask=True))
+
+register_off_policy(OffPolicyRule(
+    name="exgrpo", help="ExGRPO: pi_old is the stored behaviour log-prob, and replayed rows train on "
+    "-A w / (w + 0.1), unclipped (policy shaping; exgrpo's default)", policy_shaping=True))
 
 MODES = mode_names()  # the built-in ones; `registry.mode_names()` also lists those registered later
 OFF_POLICY = off_policy_names()

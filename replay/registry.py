@@ -92,6 +92,8 @@ class ReplayMode:
     """Its composer recomputes fresh rows' advantages (the integration writes them back)."""
     estimators: tuple[str, ...] | None = None
     """The upstream advantage estimators it runs with; None: every one replay runs with."""
+    estimators_why: str = ""
+    """Why only those, for the launcher's refusal of another."""
     kl_in_reward: bool = True
     """Runs with KL folded into the reward (its stored per-token advantages survive composing)."""
     count_text: Callable[[Any, int, int], str] | None = None
@@ -115,6 +117,9 @@ class OffPolicyRule:
     """Upstream IS corrections (level, mode, gating) it needs, one of them; () for none."""
     m2_mask: bool = False
     """Loss side: M2PO's second-moment mask over each micro-batch's tokens (`--replay.m2_threshold`)."""
+    policy_shaping: bool = False
+    """Loss side: replayed rows train on ExGRPO's shaped objective -A w / (w + 0.1), unclipped, in
+    place of upstream's clipped ratio (`openrlhf_replay/trainer/exgrpo_loss.py`)."""
 
 
 MODE_REGISTRY: dict[str, ReplayMode] = {}

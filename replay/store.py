@@ -17,12 +17,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from replay.chunk import Chunk
+from replay.exgrpo_keep import keep_successes
 from replay.record import REFUSAL_REASONS, ROLLOUT_FIELDS, TOKEN_COLUMNS, RolloutBatch, gather_segments, refusals
 
 # What an insertion keeps (errors and non-finite values are refused before any rule):
 # nonzero_advantage: |A| >= min_abs_advantage; nonzero_group: whole groups with at least one
-# such rollout (naive replay works on groups); success: reward > success_threshold; all.
-KEEP_RULES = ("nonzero_advantage", "nonzero_group", "success", "all")
+# such rollout (naive replay works on groups); success: reward > success_threshold; all; exgrpo:
+# the successes of groups with |A| >= min_abs_advantage, and one of each all-correct group as its
+# question's retirement marker (`replay/exgrpo_keep.py:keep_successes`).
+KEEP_RULES = ("nonzero_advantage", "nonzero_group", "success", "all", "exgrpo")
+SUCCESS_RULES = ("success", "exgrpo")  # rules that refuse failures: what they skip counts as unsuccessful
 COUNTER_KEYS = ("inserted", "skipped_zero_adv", "skipped_unsuccessful", "evicted_age", "evicted_capacity") + tuple(
     f"refused/{r}" for r in REFUSAL_REASONS
 )
@@ -187,14 +191,15 @@ class RolloutStore:
             self._next_serial += len(rows)
             self._last_version = int(versions[-1])
         self.counters["inserted"] += len(rows)
-        self.counters["skipped_unsuccessful" if self.keep == "success" else "skipped_zero_adv"] += skipped
+        unsuccessful = self.keep in SUCCESS_RULES
+        self.counters["skipped_unsuccessful" if unsuccessful else "skipped_zero_adv"] += skipped
         for reason, count in refused.items():
             self.counters[f"refused/{reason}"] += count
         n_cap = self._enforce_capacity()
         return InsertResult(
             inserted=len(rows),
-            skipped_zero_adv=0 if self.keep == "success" else skipped,
-            skipped_unsuccessful=skipped if self.keep == "success" else 0,
+            skipped_zero_adv=0 if unsuccessful else skipped,
+            skipped_unsuccessful=skipped if unsuccessful else 0,
             refused=refused,
             evicted_capacity=n_cap,
         )
@@ -308,6 +313,8 @@ class RolloutStore:
             return np.ones(len(batch), np.bool_)
         if self.keep == "success":
             return batch.rewards > self.success_threshold
+        if self.keep == "exgrpo":
+            return keep_successes(batch, ok, threshold=self.success_threshold, min_abs_advantage=self.min_abs_advantage)
         informative = np.abs(batch.advantages) >= self.min_abs_advantage
         if self.keep == "nonzero_advantage":
             return informative

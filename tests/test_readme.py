@@ -69,7 +69,12 @@ def test_every_name_in_the_map_from_method_to_code_is_defined_there():
 # Files of other projects that docs/METHOD.md cites (the references it compares with): not here.
 EXTERNAL = {"recipe/dapo/dapo_ray_trainer.py", "verl/utils/dataset/rl_dataset.py", "verl/trainer/ppo/rollout_recorder.py",
             "roll/pipeline/agentic/agentic_config.py", "roll/agentic/replay_buffer/trajectory_buffer.py",
-            "priority_functions.py", "agentic_config.py"}
+            "priority_functions.py", "agentic_config.py",
+            # ExGRPO (ElliottYan/LUFFY, ExGRPO/exgrpo/verl/verl/mix_src/) and LUFFY's loss
+            "experience/experience_trainer_ops.py", "experience_trainer_ops.py", "experience/experience_helpers.py",
+            "experience/experience_bucket_manager.py", "experience/weighted_bucket_sampler.py",
+            "experience/experience_collate_fn.py", "mix_trainer_experience.py", "mix_core_alg.py",
+            "verl/mix_src/mix_core_alg.py"}
 
 
 def _defines(path: Path, name: str) -> bool:

@@ -83,7 +83,7 @@ SAVE_STEPS=${SAVE_STEPS:-20}                     # DeepSpeed + HF checkpoint eve
 
 # The training conditions, baseline first: train_<condition>.sh writes <condition>_seed<SEED>/.
 # shellcheck disable=SC2034  # used by eval.sh and compare.sh
-CONDITIONS=(grpo grpo_replay grpo_naive_replay grpo_uniform_replay grpo_freshness_replay grpo_success_replay)
+CONDITIONS=(grpo grpo_replay grpo_naive_replay grpo_uniform_replay grpo_freshness_replay grpo_success_replay grpo_exgrpo_replay)
 
 # The raw completion prompt for base models; with `{}` the problem and `{{}}` a literal `{}`, it
 # renders exactly as evaluation's `--prompt-template plain` (evaluation/prompting.py).
@@ -278,7 +278,7 @@ mark_done() {
 # rerun the same command), tensorboard/, model/ (the final weights) and DONE at the end.
 # The flags M2PO=1 appends after a script's own (so they win over its --replay.off_policy).
 m2po_args() {  # <module> <the script's arguments...>
-  local module=$1 prev= arg asked=$M2PO
+  local module=$1 prev='' arg asked=$M2PO
   shift
   for arg in "$@"; do
     [[ $prev == --replay.off_policy && $arg == m2po ]] && asked=1

@@ -113,8 +113,12 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     estimator = args.algo.advantage.estimator
     entry = config.entry
     if entry.estimators is not None and estimator not in entry.estimators:
-        errors.append(f"--replay.mode {config.mode} recomputes group advantages as {' or '.join(entry.estimators)}, "
-                      f"not {estimator}; pass --algo.advantage.estimator {entry.estimators[0]}")
+        errors.append(f"--replay.mode {config.mode} runs with --algo.advantage.estimator {' or '.join(entry.estimators)} "
+                      f"({entry.estimators_why}), not {estimator}; pass --algo.advantage.estimator {entry.estimators[0]}")
+    if config.group_size is not None and config.group_size != args.rollout.n_samples_per_prompt:
+        errors.append(f"--replay.group_size {config.group_size} is K, the run's rollouts per prompt, which are "
+                      f"--rollout.n_samples_per_prompt {args.rollout.n_samples_per_prompt}: drop --replay.group_size "
+                      "(the trainer fills it)")
     errors += _critic_rank_errors(args)
     if args.train.async_enable:
         errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
@@ -125,7 +129,7 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
                       "--algo.dynamic_filtering_range), or drop --replay.refill")
     kl_on = args.algo.kl.init_coef > 0  # KL in the reward or as a loss: docs/METHOD.md section 2, "KL"
     if kl_on and not args.algo.kl.use_loss and not entry.kl_in_reward:
-        errors.append(f"--replay.mode {config.mode} recomputes its enlarged groups' advantages, which would drop the KL "
+        errors.append(f"--replay.mode {config.mode} recomputes advantages as it composes a step, which would drop the KL "
                       "penalty folded into the per-token advantages; use KL as a loss (--algo.kl.use_loss) or "
                       "--algo.kl.init_coef 0")
     if kl_on and args.algo.kl.use_loss and config.success_pool:

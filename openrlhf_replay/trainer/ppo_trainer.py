@@ -46,7 +46,8 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
         run_steps = rollout_steps(self.args, len(self.prompts_dataloader))  # its batch size is 1 prompt
-        self.replay_config = ReplayConfig.from_namespace(self.args).for_run(run_steps)
+        self.replay_config = ReplayConfig.from_namespace(self.args).for_run(
+            run_steps, group_size=self.args.rollout.n_samples_per_prompt)  # what derives from the run
         self.replay = ReplayBuffer(self.replay_config, stored_token_columns(self.args))
         if self.replay.pool is not None:
             check_success_pool(self.replay.pool, self.tokenizer, self.prompts_dataloader.dataset.prompts,

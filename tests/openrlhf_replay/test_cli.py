@@ -57,6 +57,10 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--rollout.batch_size", "3"], "multiple of"),
     (["--replay.mode", "success", "--algo.advantage.estimator", "rloo"], "recomputes group advantages"),
     (["--replay.refill"], "add --algo.dynamic_filtering_enable"),  # nothing to refill
+    # ExGRPO: an all-correct group must have A = 0 (its retirement marker); K is the run's group size
+    (["--replay.mode", "exgrpo", "--algo.advantage.estimator", "reinforce_baseline"], "retirement marker"),
+    (["--replay.mode", "exgrpo", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
+    (["--replay.mode", "exgrpo", "--replay.group_size", "8"], "drop --replay.group_size"),
 ])
 def test_combinations_replay_cannot_run_are_refused(make_args, extra, fragment):
     args = make_args("--replay.mode", "advantage", *extra)
@@ -66,6 +70,10 @@ def test_combinations_replay_cannot_run_are_refused(make_args, extra, fragment):
 
 def test_a_valid_replay_configuration_passes(make_args):
     assert replay_arg_errors(make_args("--replay.mode", "advantage")) == []
+    for estimator in ("group_norm", "dr_grpo", "rloo"):  # ExGRPO: an all-correct group has A = 0
+        assert replay_arg_errors(make_args("--replay.mode", "exgrpo", "--algo.advantage.estimator", estimator,
+                                           "--replay.group_size", "4")) == []
+    assert replay_arg_errors(make_args("--replay.mode", "advantage", "--replay.off_policy", "exgrpo")) == []
     assert replay_arg_errors(make_args("--replay.mode", "freshness", "--replay.off_policy", "refresh",
                                        "--algo.advantage.is_correction_level", "token",
                                        "--algo.advantage.is_correction_mode", "clip")) == []

@@ -92,16 +92,25 @@ class StoreMachine(RuleBasedStateMachine):
         reasons = [_reason(r) for r in rows]
         valid = [r for r, why in zip(rows, reasons) if why is None]
         informative_groups = {r["group"] for r in valid if abs(r["adv"]) >= 1e-6}
+        # exgrpo: successes with |A| >= 1e-6, and the first success of each all-successful group (its marker)
+        failed_groups = {r["group"] for r in valid if r["reward"] <= 0.5}
+        marker = {}
+        for r in valid:
+            if r["reward"] > 0.5 and abs(r["adv"]) < 1e-6 and r["group"] not in failed_groups:
+                marker.setdefault(r["group"], id(r))
         rule_of = {"all": lambda r: True, "success": lambda r: r["reward"] > 0.5,
                    "nonzero_advantage": lambda r: abs(r["adv"]) >= 1e-6,
-                   "nonzero_group": lambda r: r["group"] in informative_groups}[self.kw["keep"]]
+                   "nonzero_group": lambda r: r["group"] in informative_groups,
+                   "exgrpo": lambda r: r["reward"] > 0.5 and (abs(r["adv"]) >= 1e-6 or marker.get(r["group"]) == id(r)),
+                   }[self.kw["keep"]]
         kept = [r for r in valid if rule_of(r)]
         for why in REFUSAL_REASONS:
             assert res.refused[why] == reasons.count(why)
             self.counters[f"refused/{why}"] += reasons.count(why)
         assert res.inserted == len(kept) and res.filtered == len(valid) - len(kept)
         self.counters["inserted"] += len(kept)
-        self.counters["skipped_unsuccessful" if self.kw["keep"] == "success" else "skipped_zero_adv"] += res.filtered
+        self.counters["skipped_unsuccessful" if self.kw["keep"] in ("success", "exgrpo") else "skipped_zero_adv"] \
+            += res.filtered
         for r in self.model:
             r["newest"] = False
         for r in kept:

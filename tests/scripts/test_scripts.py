@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "examples/scripts"
 BIN = Path(sys.executable).parent
 TRAINING = ["train_grpo", "train_grpo_replay", "train_grpo_naive_replay", "train_grpo_uniform_replay",
-            "train_grpo_freshness_replay", "train_grpo_success_replay"]
+            "train_grpo_freshness_replay", "train_grpo_success_replay", "train_grpo_exgrpo_replay"]
 SHELL_FILES = sorted(SCRIPTS.glob("*.sh")) + [ROOT / "dockerfile/entrypoint.sh"]
 DATA = ROOT.parent / "shared/data/train/deepscaler_math_train.json"
 
@@ -88,7 +88,8 @@ def test_image_pins_match_the_requirements():
 # (tests/scripts/test_rehearsal.py: at 1-32 GPUs and three scales); the commands the scripts build
 # are checked with a stand-in python below (test_every_condition_shares_the_baseline_settings,
 # test_gpu_count_and_model_scale_shape_the_command).
-DRY_RUNS = [("train_grpo", {}), ("train_grpo_replay", {}), ("train_grpo_replay", {"M2PO": "1"})] + [
+DRY_RUNS = [("train_grpo", {}), ("train_grpo_replay", {}), ("train_grpo_replay", {"M2PO": "1"}),
+            ("train_grpo_exgrpo_replay", {})] + [
     ("eval", {}),
     ("eval", {"CONDITION": "grpo_replay"}),
     ("eval", {"CONDITION": "grpo_replay", "SWEEP": 1}),
@@ -136,6 +137,10 @@ def test_dry_run_validates_the_exact_command(dry_runs, case):
         assert "1024 fresh rollouts per step" in proc.stdout
     if script == "train_grpo_replay" and not extra:
         assert "512 replayed + 1024 fresh rollouts per step after step 20" in proc.stdout
+    if script == "train_grpo_exgrpo_replay":  # K from the run's group size, its shaped objective by default
+        assert re.search(r"^replay: mode exgrpo \(ExGRPO\), after step 20 one stored success of each of up to 512 "
+                         r"questions .* buckets of K = 8 rollouts per prompt; .* off-policy rule exgrpo$",
+                         proc.stdout, re.M), proc.stdout[-2000:]
     if extra.get("M2PO"):  # M2PO's rule and AReaL's behaviour-weight cap win over the script's stale
         assert command.endswith("--replay.off_policy m2po --algo.advantage.is_correction_level token "
                                 "--algo.advantage.is_correction_mode mask --algo.advantage.is_correction_gating ratio "
@@ -260,7 +265,7 @@ def test_every_condition_shares_the_baseline_settings(stub):
     modes = {s: _flags(a)["--replay.mode"] for s, a in commands.items() if s != "train_grpo"}
     assert modes == {"train_grpo_replay": ["advantage"], "train_grpo_naive_replay": ["naive"],
                      "train_grpo_uniform_replay": ["uniform"], "train_grpo_freshness_replay": ["freshness"],
-                     "train_grpo_success_replay": ["success"]}
+                     "train_grpo_success_replay": ["success"], "train_grpo_exgrpo_replay": ["exgrpo"]}
     assert _flags(commands["train_grpo_success_replay"])["--replay.success_pool"] == [str(pool)]
 
 

@@ -33,7 +33,8 @@ class BufferMachine(RuleBasedStateMachine):
     def setup(self, mode_index, ratio, warmup, max_age, capacity, replacement, seed):
         mode = self.MODE_CHOICES[mode_index % len(self.MODE_CHOICES)]
         self.cfg = ReplayConfig(mode=mode, ratio=ratio, warmup=warmup, max_age=max_age, capacity=capacity,
-                                replacement=replacement, seed=seed, tau=2.0, beta_steps=8)
+                                replacement=replacement, seed=seed, tau=2.0, beta_steps=8,
+                                group_size=4)  # K, as the integration sets it (exgrpo's buckets)
         self.buf, self.twin = ReplayBuffer(self.cfg), ReplayBuffer(self.cfg)
         self.step = 0
         self.tmp = tempfile.TemporaryDirectory()

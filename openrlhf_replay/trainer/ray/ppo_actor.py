@@ -19,7 +19,8 @@ Seams used (OpenRLHF 0.11.2): `PolicyModelActor.init_model_from_pretrained` buil
 (its class is switched to the subclass below, which only adds behaviour) and `self.actor_scheduler`
 (paced in place), `append` and `fit` (wrapped: `fit` first tells the scheduler the step's rows),
 `ActorPPOTrainer.training_step` (wrapped) and `PolicyLoss.forward` (wrapped: the per-row
-statistics come from its inputs).
+statistics come from its inputs; with ExGRPO's off-policy rule, replayed rows take its shaped
+objective, `openrlhf_replay/trainer/exgrpo_loss.py`).
 """
 from __future__ import annotations
 
@@ -28,13 +29,17 @@ import torch
 from openrlhf.models import PolicyLoss
 from openrlhf.models.utils import compute_approx_kl
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+from openrlhf.utils.logging_utils import init_logger
 
+from openrlhf_replay.trainer.exgrpo_loss import ShapedReplayPolicyLoss
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
 from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REFILL_KEY, REPLAYED_KEY, per_kind
 from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
 from openrlhf_replay.trainer.ray.m2po import m2po_keep
 from openrlhf_replay.utils import undecorated
 from replay import ReplayConfig
+
+logger = init_logger(__name__)  # upstream's handler: a bare logger prints nothing inside a Ray actor
 
 # Generation statistics that mean something on replayed rows too (stored with the rollout).
 REPLAYED_ROW_STATS = ("reward", "response_length")
@@ -111,12 +116,30 @@ class SplitStatsPolicyLoss(PolicyLoss):
         info.update(per_kind("replay/m2po_masked_replay", masked, replayed, "replay", inert))
 
 
+class ShapedSplitStatsPolicyLoss(SplitStatsPolicyLoss, ShapedReplayPolicyLoss):
+    """`SplitStatsPolicyLoss` over ExGRPO's `ShapedReplayPolicyLoss` (an off-policy rule with
+    `policy_shaping`): the micro-batch's replayed rows, read from the flags of `row_info`, train on
+    -A w / (w + 0.1), the fresh ones on upstream's loss; the per-kind statistics are kept (of
+    replayed rows, `clip_frac` says where upstream's clip would bind: shaping has none)."""
+
+    def forward(self, log_probs, old_log_probs, advantages, action_mask=None, **kwargs):
+        info = self.row_info
+        flagged = info is not None and REPLAYED_KEY in info
+        self.replayed_rows = _replayed_rows(info, log_probs.device).bool() if flagged else None
+        try:
+            return super().forward(log_probs, old_log_probs, advantages, action_mask=action_mask, **kwargs)
+        finally:
+            self.replayed_rows = None
+
+
 class ReplayActorPPOTrainer(ActorPPOTrainer):
     """`ActorPPOTrainer` whose statistics are split by kind of row."""
 
-    def enable_split_stats(self, m2_threshold: float | None = None) -> None:
-        """`m2_threshold`: M2PO's (the off-policy rule's `m2_mask`), None without it."""
-        self.actor_loss_fn.__class__ = SplitStatsPolicyLoss  # same state, one extra behaviour
+    def enable_split_stats(self, m2_threshold: float | None = None, policy_shaping: bool = False) -> None:
+        """`m2_threshold`: M2PO's (the off-policy rule's `m2_mask`), None without it.
+        `policy_shaping`: replayed rows train on ExGRPO's shaped objective (the rule's field)."""
+        # Same state, one extra behaviour (two with shaping).
+        self.actor_loss_fn.__class__ = ShapedSplitStatsPolicyLoss if policy_shaping else SplitStatsPolicyLoss
         self.actor_loss_fn.m2_threshold = m2_threshold
         self.trained_rows = dict.fromkeys(TRAINED_KINDS, 0)
 
@@ -179,7 +202,9 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
             # Upstream builds its ActorPPOTrainer inline; building a second one would open a
             # second weight-sync group to vLLM, so the instance is switched to the subclass.
             self.trainer.__class__ = ReplayActorPPOTrainer
-            self.trainer.enable_split_stats(config.m2_threshold if config.off_policy_rule.m2_mask else None)
+            rule = config.off_policy_rule
+            self.trainer.enable_split_stats(config.m2_threshold if rule.m2_mask else None, rule.policy_shaping)
+            logger.info(f"replay: off-policy rule {rule.name}, actor loss {type(self.trainer.actor_loss_fn).__name__}")
             pace_by_rollout_steps(self.actor_scheduler)  # after upstream has loaded a checkpoint's state
             if strategy.args.train.dynamic_batch_enable:  # pack replayed rows too (dynamic_batch.py)
                 self.trainer.replay_buffer.__class__ = AllRowsReplayBuffer
