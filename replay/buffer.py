@@ -28,7 +28,8 @@ READABLE_FORMATS = (1, 2)
 KEEP_RULE, PRIORITY_RULE, KL_RULE = "keep rule", "priority rule", "per-token KL columns"
 # What each optional per-token column is kept for; a file of another KL setting lacks what this
 # run's loss reads (or holds what it would ignore), so the KL setting is a holding rule.
-_KL_COLUMN_USE = {"token_advantages": "KL in the reward", "ref_logprobs": "KL as a loss"}
+_KL_COLUMN_USE = {"token_advantages": "KL in the reward", "ref_logprobs": "KL as a loss",
+                  "rollout_logprobs": "async IS correction"}
 NO_KL_COLUMNS = "none (KL off)"
 FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
                            "maximum, the drawn updated to max(|reward|, 1e-6)")
@@ -127,7 +128,8 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return len(self.store)
 
-    def step(self, fresh: RolloutBatch, step: int, *, multiple_of: int = 1, divide_by_std: bool = True) -> Composition:
+    def step(self, fresh: RolloutBatch, step: int, *, multiple_of: int = 1, divide_by_std: bool = True,
+             recorded_versions: bool = False) -> Composition:
         """One training step: evict by age at `step`; draw the replay part from what is already
         stored (so never this step's own rollouts); count the reuse; store `fresh` with
         version `step` (its faulty rollouts are refused and counted). Steps must increase. `multiple_of`: the number
@@ -135,6 +137,8 @@ class ReplayBuffer:
         recomputes enlarged groups' advantages as group_norm (True) or dr_grpo (False).
 
         With mode none nothing is stored or drawn: the composition is `fresh` alone.
+        `recorded_versions` (async training): `fresh` is stored with its own versions, the policy
+        version that generated each row (at most `step`), so ages count from generation.
         """
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} does not follow the last step {self.last_step}: steps must increase")
@@ -151,12 +155,24 @@ class ReplayBuffer:
                 self.store.update_priorities(comp.indices, replayed_priorities(self.store.view().rewards[comp.indices]))
                 priorities = reward_fresh_priorities(fresh.rewards, self.config.eps)
             if self.pool is None:  # an offline pool is fixed, as RLEP's: the run's own successes stay out
-                self.store.insert(fresh, version=step, priorities=priorities)
+                if recorded_versions:
+                    self._insert_recorded(fresh, step, priorities)
+                else:
+                    self.store.insert(fresh, version=step, priorities=priorities)
         else:
             comp = Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64))
         self.last_step = step
         self._step_metrics = composition_metrics(comp, step)
         return comp
+
+    def _insert_recorded(self, fresh: RolloutBatch, step: int, priorities: np.ndarray | None) -> None:
+        """Store `fresh` with its recorded versions, oldest first (the store keeps version order;
+        a batch whose rows came from two generation calls may hold them in any order)."""
+        if len(fresh) and fresh.versions.max() > step:
+            raise ValueError(f"step {step}: fresh rollouts of policy version {fresh.versions.max()} come from a "
+                             "later policy than the one being trained")
+        order = np.argsort(fresh.versions, kind="stable")
+        self.store.insert(fresh.select(order), priorities=None if priorities is None else priorities[order])
 
     def metrics(self) -> dict[str, float]:
         """Flat `replay/...` metrics: buffer size and cumulative counters, plus the statistics of

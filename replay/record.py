@@ -42,8 +42,10 @@ _LAYOUT: dict[str, tuple[type, str]] = {
 ROLLOUT_FIELDS = tuple(k for k, (_, kind) in _LAYOUT.items() if kind == "rollout")
 # Optional float32 columns, one value per response token, held only when the run's KL needs them
 # (docs/METHOD.md section 2, "KL"): `token_advantages`, the per-token advantage of KL in the reward;
-# `ref_logprobs`, the reference model's log-probs for KL as a loss. Absent (None) they cost no byte.
-TOKEN_COLUMNS = ("token_advantages", "ref_logprobs")
+# `ref_logprobs`, the reference model's log-probs for KL as a loss; and in async training with
+# upstream's IS correction, `rollout_logprobs`, vLLM's log-probs at generation (section 10).
+# Absent (None) they cost no byte.
+TOKEN_COLUMNS = ("token_advantages", "ref_logprobs", "rollout_logprobs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,6 +73,7 @@ class RolloutBatch:
     # -- optional, per response token (`TOKEN_COLUMNS`) --
     token_advantages: np.ndarray | None = None  # (sum Lr,) float32, advantage with the KL penalty
     ref_logprobs: np.ndarray | None = None  # (sum Lr,) float32, log pi_ref of each response token
+    rollout_logprobs: np.ndarray | None = None  # (sum Lr,) float32, vLLM's log-prob at generation (async)
 
     def __post_init__(self) -> None:
         for name, (dtype, _) in _LAYOUT.items():
@@ -269,7 +272,7 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         "non_finite_logprob": np.zeros(len(batch), np.bool_),
     }
     per_token = [("non_finite_logprob", batch.behaviour_logprobs), ("non_finite_logprob", batch.ref_logprobs),
-                 ("non_finite_advantage", batch.token_advantages)]
+                 ("non_finite_logprob", batch.rollout_logprobs), ("non_finite_advantage", batch.token_advantages)]
     for reason, values in per_token:
         if values is not None:
             bad[reason] |= _non_finite_rows(batch, values)

@@ -104,7 +104,8 @@ def replay_arg_errors(args) -> list[str]:
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
     """Upstream training features replay cannot run with (a critic, KL RLEP cannot carry, dynamic
-    filtering, async training, refresh without upstream's clipped IS correction). Any LR schedule
+    filtering, refresh without upstream's clipped IS correction). Async training runs with the buffer
+    in its training actor (`openrlhf_replay/trainer/ppo_trainer_async.py`). Any LR schedule
     runs (the actor paces it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and so does
     dynamic batching (`openrlhf_replay/trainer/ray/dynamic_batch.py`)."""
     errors = []
@@ -115,9 +116,6 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     if config.mode == "success" and estimator not in RLEP_ESTIMATORS:
         errors.append(f"--replay.mode success recomputes group advantages as {' or '.join(RLEP_ESTIMATORS)}, "
                       f"not {estimator}; pass --algo.advantage.estimator group_norm")
-    if args.train.async_enable:
-        errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
-                      "this project does not extend); turn it off")
     if args.algo.dynamic_filtering_enable:
         errors.append("--algo.dynamic_filtering_enable makes the fresh batch size vary per step, so the replayed "
                       "share cannot be spread evenly over ranks; turn it off (replay already skips zero-advantage groups)")
@@ -211,14 +209,17 @@ def describe_replay(args) -> str:
 
 def _install_replay_classes(stack: contextlib.ExitStack) -> None:
     import openrlhf.trainer.ppo_trainer as upstream_trainer
+    import openrlhf.trainer.ppo_trainer_async as upstream_async
     import openrlhf.trainer.ray.ppo_actor as upstream_actor
 
     from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
+    from openrlhf_replay.trainer.ppo_trainer_async import ReplayPPOTrainerAsync
     from openrlhf_replay.trainer.ray.ppo_actor import ReplayPolicyModelActor
 
-    # `train()` imports PPOTrainer from its module at call time; the upstream CLI module binds
-    # PolicyModelActor when it is executed, which happens after this.
+    # `train()` imports PPOTrainer (or, with --train.async_enable, PPOTrainerAsync) from its module
+    # at call time; the upstream CLI module binds PolicyModelActor when it is executed, after this.
     stack.enter_context(_patched(upstream_trainer, "PPOTrainer", ReplayPPOTrainer))
+    stack.enter_context(_patched(upstream_async, "PPOTrainerAsync", ReplayPPOTrainerAsync))
     stack.enter_context(_patched(upstream_actor, "PolicyModelActor", ReplayPolicyModelActor))
 
 

@@ -18,7 +18,7 @@ import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, kl_token_columns, split_by_row_kind
+from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind, stored_token_columns
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
 from openrlhf_replay.utils import undecorated
@@ -39,18 +39,23 @@ def replay_state_dir(args) -> str:
     return os.path.join(args.ckpt.path, "_replay")
 
 
-class _ReplayPPOTrainer(undecorated(PPOTrainer)):
-    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                 reference_model_group, vllm_engines, **generate_kwargs):
-        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                         reference_model_group, vllm_engines, **generate_kwargs)
-        run_steps = rollout_steps(self.args, len(self.prompts_dataloader))  # its batch size is 1 prompt
+class ReplayControllerMixin:
+    """What replay adds to a controller that runs upstream's `train_step`: the buffer, its
+    experience maker, its metrics and its checkpoints. Mixed into the synchronous `PPOTrainer`
+    (below) and the async `TrainingActor` (`ppo_trainer_async.py`), before the upstream class."""
+
+    experience_maker_class = ReplayExperienceMaker
+
+    def _setup_replay(self, n_prompts: int, prompts) -> None:
+        """Build the buffer and the experience maker that feeds it (after upstream's `__init__`).
+        `n_prompts`: the prompts of one episode; `prompts`: their texts (RLEP's pool check)."""
+        run_steps = rollout_steps(self.args, n_prompts)
         self.replay_config = ReplayConfig.from_namespace(self.args).for_run(run_steps)
-        self.replay = ReplayBuffer(self.replay_config, kl_token_columns(self.args))
+        self.replay = ReplayBuffer(self.replay_config, stored_token_columns(self.args))
         if self.replay.pool is not None:
-            check_success_pool(self.replay.pool, self.tokenizer, self.prompts_dataloader.dataset.prompts,
+            check_success_pool(self.replay.pool, self.tokenizer, prompts,
                                max_prompt_len(self.args.data.max_len, self.args.rollout.max_new_tokens))
-        self.experience_maker = ReplayExperienceMaker(
+        self.experience_maker = self.experience_maker_class(
             self.actor_model_group, self.critic_model_group, self.reward_model_group, self.reference_model_group,
             self.kl_ctl, self.strategy, self.tokenizer, replay_buffer=self.replay,
         )
@@ -98,6 +103,15 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
         return states
 
 
+class _ReplayPPOTrainer(ReplayControllerMixin, undecorated(PPOTrainer)):
+    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                 reference_model_group, vllm_engines, **generate_kwargs):
+        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                         reference_model_group, vllm_engines, **generate_kwargs)
+        # The prompt loader's batch size is 1 prompt.
+        self._setup_replay(len(self.prompts_dataloader), self.prompts_dataloader.dataset.prompts)
+
+
 def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:
     """Save the buffer as `<ckpt.path>/_replay/global_step<N>.npz` (atomically) and keep as many
     replay files as upstream keeps model checkpoints (`--ckpt.max_num`). Returns the file name."""
@@ -124,13 +138,13 @@ def restore_replay_state(states: dict, args, config: ReplayConfig) -> ReplayBuff
         if name is None:
             raise ReplayCheckpointError(f"the checkpoint at global step {states.get('global_step')} names no replay "
                                         f"state in {replay_state_dir(args)} (was it saved with replay off?)")
-        replay = ReplayBuffer.load(os.path.join(replay_state_dir(args), name), config, kl_token_columns(args))
+        replay = ReplayBuffer.load(os.path.join(replay_state_dir(args), name), config, stored_token_columns(args))
     except ReplayCheckpointError as e:
         if not config.allow_empty_resume:
             raise ReplayCheckpointError(f"cannot resume the replay buffer: {e}. To resume with an empty buffer "
                                         "instead, pass --replay.allow_empty_resume") from e
         logger.warning(f"replay: resuming with an empty buffer ({e})")
-        return ReplayBuffer(config, kl_token_columns(args))
+        return ReplayBuffer(config, stored_token_columns(args))
     logger.info(f"replay: restored {len(replay)} rollouts from {name} (state {state_digest(replay.state_dict())})")
     return replay
 

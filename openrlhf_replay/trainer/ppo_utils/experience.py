@@ -32,6 +32,14 @@ def kl_token_columns(args) -> tuple[str, ...]:
     return ("ref_logprobs",) if args.algo.kl.use_loss else ("token_advantages",)
 
 
+def stored_token_columns(args) -> tuple[str, ...]:
+    """Every optional per-token column a stored rollout carries: KL's (`kl_token_columns`) and, in
+    async training with upstream's IS correction on, vLLM's log-probs at generation, so that a
+    replayed row is corrected by its own behaviour policy (docs/METHOD.md section 10)."""
+    async_is = args.train.async_enable and args.algo.advantage.is_correction_level != "off"
+    return kl_token_columns(args) + (("rollout_logprobs",) if async_is else ())
+
+
 def experiences_to_rollouts(experiences: list[Experience], version: int, n_samples_per_prompt: int, *,
                             token_columns: tuple[str, ...] = (), kl_coef: float = 0.0) -> RolloutBatch:
     """The rollouts of a step's fresh experiences, in row order, after their advantages are computed.
@@ -79,6 +87,8 @@ def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int, token_col
         advantages = advantages + penalty
     if "ref_logprobs" in token_columns:
         extra["ref_logprobs"] = exp.base_action_log_probs.float().cpu()[scored].numpy()
+    if "rollout_logprobs" in token_columns:
+        extra["rollout_logprobs"] = exp.rollout_log_probs.float().cpu()[scored].numpy()
     return RolloutBatch(**extra,
         prompt_ids=prompt_ids, prompt_offsets=prompt_offsets,
         response_ids=sequences[response_part].numpy().astype(np.int32),
@@ -129,7 +139,9 @@ def replayed_loss_inputs(padded: dict[str, np.ndarray], advantages: np.ndarray,
       current policy's (`ReplayExperienceMaker._refresh_old_log_probs`).
     - `rollout_log_probs`, pi_behaviour: the same stored log-probs. Upstream's IS correction
       (refresh requires token-level clip) weighs each token by clip(pi_old / pi_behaviour); under
-      stale they are equal to pi_old and the weight is 1.
+      stale they are equal to pi_old and the weight is 1. In async training with the IS correction
+      on, the stored vLLM log-probs at generation (`rollout_logprobs`): the row's own behaviour
+      policy, so under stale it gets the weight it had when fresh.
     - `advantages` and `returns` (GRPO has no critic): the frozen advantage A, from the rollout's
       own fresh group, times the sampler's importance weight w (freshness's (N P(i))^-beta / max,
       1 elsewhere), on every action token; with KL in the reward, the stored per-token advantage
@@ -145,7 +157,8 @@ def replayed_loss_inputs(padded: dict[str, np.ndarray], advantages: np.ndarray,
         per_token = torch.from_numpy(padded["token_advantages"] * is_weights[:, None]) * action_mask.float()
     else:
         per_token = advantage[:, None] * action_mask.float()
-    out = {"action_mask": action_mask, "action_log_probs": behaviour, "rollout_log_probs": behaviour.clone(),
+    rollout = torch.from_numpy(padded["rollout_logprobs"]) if "rollout_logprobs" in padded else behaviour.clone()
+    out = {"action_mask": action_mask, "action_log_probs": behaviour, "rollout_log_probs": rollout,
            "advantages": per_token, "returns": per_token.clone(), "advantage": advantage}
     if "ref_logprobs" in padded:
         out["base_action_log_probs"] = torch.from_numpy(padded["ref_logprobs"])

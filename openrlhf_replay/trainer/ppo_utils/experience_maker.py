@@ -62,10 +62,10 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         mark_fresh(fresh)
         # 2. The buffer's step: evict by age, draw from earlier steps, store the fresh rollouts.
         kl_coef = self.kl_ctl.value
-        rollouts = experiences_to_rollouts(fresh, self.step, args.rollout.n_samples_per_prompt,
-                                           token_columns=self.replay.token_columns, kl_coef=kl_coef)
+        rollouts = self.fresh_rollouts(fresh, kl_coef)
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
-                                divide_by_std=args.algo.advantage.estimator != "dr_grpo")
+                                divide_by_std=args.algo.advantage.estimator != "dr_grpo",
+                                recorded_versions=self.recorded_versions)
         if self.replay.config.mode == "success":  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
         # 3. The replayed rows into the loss: micro-batches shaped like the fresh ones, per rank,
@@ -86,6 +86,14 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         batch = arrange_for_ranks(fresh, per_rank)
         dump_step(self.step, batch, comp)
         return batch
+
+    recorded_versions = False  # the fresh rows' version is the step (async: the generating policy's)
+
+    def fresh_rollouts(self, fresh: list[Experience], kl_coef: float) -> RolloutBatch:
+        """The step's fresh rows as rollouts of policy version `self.step` (the synchronous
+        trainer generates them with the weights of that step)."""
+        return experiences_to_rollouts(fresh, self.step, self.args.rollout.n_samples_per_prompt,
+                                       token_columns=self.replay.token_columns, kl_coef=kl_coef)
 
     def _refresh_old_log_probs(self, replayed: list[Experience]) -> None:
         """pi_old of replayed rows := the current policy's log-probs (the actor's forward, as upstream
