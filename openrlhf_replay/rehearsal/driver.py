@@ -28,6 +28,7 @@ from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, fla
                                           resolve_training, split_command)
 import openrlhf_replay.rehearsal as package
 from openrlhf_replay.cpu import DEVICE_ENV, _hook
+from openrlhf_replay.rehearsal.async_run import build_async
 from openrlhf_replay.rehearsal.report import (TABLE_HEADER, markdown, off_policy, replay_distribution, spread,
                                               table_row)
 from openrlhf_replay.rehearsal.standins import (Generation, Rank, Settings, Shadow, ShadowRank, actor_group,
@@ -64,12 +65,14 @@ class Record:
 
 def _controller_class(module: str, args):
     from openrlhf.trainer.ppo_trainer import PPOTrainer
+    from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
 
     if module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled:
         from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
+        from openrlhf_replay.trainer.ppo_trainer_async import ReplayPPOTrainerAsync
 
-        return undecorated(ReplayPPOTrainer)
-    return undecorated(PPOTrainer)
+        return undecorated(ReplayPPOTrainerAsync if args.train.async_enable else ReplayPPOTrainer)
+    return undecorated(PPOTrainerAsync if args.train.async_enable else PPOTrainer)
 
 
 def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings, rng, record: Record,
@@ -82,11 +85,17 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
     if args.algo.kl.init_coef > 0:  # KL needs the reference model's log-probs: stand-in ranks give them
         reference = actor_group([Rank(r, args, 1, rng) for r in range(args.ref.num_nodes * args.ref.num_gpus_per_node)],
                                 duplicate)
-    trainer = cls(str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), None, None, reference, [],
-                  do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
-                  temperature=args.rollout.temperature, top_p=args.rollout.top_p)
-    sg = trainer.samples_generator
-    sg._generate_vllm = Generation(sg, trainer.tokenizer, args, settings, rng)
+    ctor = ((str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), None, None, reference, []),
+            dict(do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
+                 temperature=args.rollout.temperature, top_p=args.rollout.top_p))
+    if args.train.async_enable:  # the generator and the training actor, on threads (`async_run.py`)
+        trainer, generator, training = build_async(cls, *ctor)
+    else:
+        trainer = generator = training = cls(*ctor[0], **ctor[1])
+    sg = generator.samples_generator
+    sg._generate_vllm = Generation(sg, training.tokenizer, args, settings, rng)
+    if hasattr(generator, "stamp_versions"):  # replay's generator stamps each sample's policy version
+        generator.stamp_versions()
 
     generate = sg.generate_samples
 
@@ -98,7 +107,7 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         return out
 
     sg.generate_samples = generate_samples
-    step_fn, save_fn = trainer.train_step, trainer.save_logs_and_checkpoints
+    step_fn, save_fn = training.train_step, training.save_logs_and_checkpoints
 
     def train_step(rollout_samples, global_step):
         # Upstream logs (and checkpoints) this step as global_step + 1; the buffer's step is global_step.
@@ -106,7 +115,7 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         status, next_step = step_fn(rollout_samples, global_step)
         record.steps.append({"step": next_step, "episode": record.episode, **_step_figures(status, ranks)})
         for shadow in shadows:
-            shadow.step(len(rollout_samples), getattr(trainer.experience_maker, "composition", None), next_step)
+            shadow.step(len(rollout_samples), getattr(training.experience_maker, "composition", None), next_step)
         return status, next_step
 
     def save_logs_and_checkpoints(global_step, logs_dict=None, client_states=None):
@@ -114,12 +123,12 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         if global_step % args.ckpt.save_steps:
             return
         record.checkpoints.append(global_step)
-        _check_replay_round_trip(trainer, args, ranks[0].checkpoint_states)
+        _check_replay_round_trip(training, args, ranks[0].checkpoint_states)
         if global_step == settings.resume_at and record.resumed_at is None:
             record.resumed_at = global_step
             raise _Resume()
 
-    trainer.train_step, trainer.save_logs_and_checkpoints = train_step, save_logs_and_checkpoints
+    training.train_step, training.save_logs_and_checkpoints = train_step, save_logs_and_checkpoints
     return trainer
 
 
@@ -252,7 +261,8 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     prompts = _prompt_texts(args)
     tokenizer_dir = write_tokenizer(prompts[:500], work / "tokenizer")
     resume_at = settings.resume_at
-    saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf
+    # Async: no resume here (tests/pipeline/test_async_pipeline.py kills and resumes a real run).
+    saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf and not args.train.async_enable
     if resume_at < 0:  # the first checkpoint after the replay warm-up (the buffer is not empty)
         after = replay.warmup + 1 if replay.enabled else 1
         resume_at = math.ceil(after / args.ckpt.save_steps) * args.ckpt.save_steps if saves else 0

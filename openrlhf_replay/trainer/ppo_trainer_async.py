@@ -62,6 +62,10 @@ class _ReplayGenerateSamplesActor(undecorated(upstream.GenerateSamplesActor)):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.stamp_versions()
+
+    def stamp_versions(self) -> None:
+        """Wrap the samples generator's vLLM call (as it is now) so its samples carry the version."""
         generate, lock = self.samples_generator._generate_vllm, self.vllm_lock
 
         def stamped(*call_args, **call_kwargs):
@@ -152,11 +156,14 @@ ReplayGenerateSamplesActor = ray.remote(_ReplayGenerateSamplesActor)
 
 
 class _ReplayPPOTrainerAsync(undecorated(upstream.PPOTrainerAsync)):
+    # What upstream's __init__ creates by these module-level names, in this process (the rehearsal
+    # runs them in threads instead: `openrlhf_replay/rehearsal/async_run.py`).
+    actor_classes = {"VLLMLock": VersionedVLLMLock, "GenerateSamplesActor": ReplayGenerateSamplesActor,
+                     "TrainingActor": ReplayTrainingActor}
+
     def __init__(self, pretrain, strategy, *args, **kwargs):
-        # Upstream's __init__ creates its actors by their module-level names, in this process.
         with contextlib.ExitStack() as stack:
-            for name, cls in (("VLLMLock", VersionedVLLMLock), ("GenerateSamplesActor", ReplayGenerateSamplesActor),
-                              ("TrainingActor", ReplayTrainingActor)):
+            for name, cls in self.actor_classes.items():
                 stack.callback(setattr, upstream, name, getattr(upstream, name))
                 setattr(upstream, name, cls)
             super().__init__(pretrain, strategy, *args, **kwargs)
