@@ -39,7 +39,6 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
 
 @pytest.mark.parametrize("extra, fragment", [
     (["--algo.advantage.estimator", "gae"], "needs a critic"),
-    (["--train.async_enable"], "async_enable"),
     (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz", "--algo.kl.init_coef", "0.001",
       "--algo.kl.use_loss"], "holds no reference log-probs"),
@@ -55,6 +54,14 @@ def test_combinations_replay_cannot_run_are_refused(make_args, extra, fragment):
     args = make_args("--replay.mode", "advantage", *extra)
     errors = replay_arg_errors(args)
     assert any(fragment in e for e in errors), errors
+
+
+@pytest.mark.parametrize("mode", ["advantage", "success", "freshness"])
+def test_async_training_runs_with_replay(make_args, mode):
+    """Async training (with partial rollouts) is no longer refused: the buffer lives in upstream's
+    training actor (docs/METHOD.md section 10)."""
+    args = make_args("--replay.mode", mode, "--train.async_enable", "--train.partial_rollout_enable")
+    assert replay_arg_errors(args) == []
 
 
 def test_a_valid_replay_configuration_passes(make_args):
