@@ -3,7 +3,9 @@
 One command (Ray, a vLLM CPU engine, DeepSpeed ZeRO-2, a tiny random Qwen3; advantage replay with
 warm-up 1, a checkpoint every step, upstream's token-level IS correction so vLLM's log-probs are
 stored), run twice: the first run's driver is killed with SIGKILL once step 2's checkpoint is
-complete (the generator is then already on the next batch), and the second resumes it. Asserted:
+complete (the generator is then already on the next batch), and the second resumes it, with
+partial rollouts on as well (`--train.partial_rollout_enable`: vLLM paused for each broadcast
+instead of locked out, a run-time setting a resume may change). Asserted:
 rows are replayed after the warm-up, fresh rows are stored older than 0 (generation runs a
 version ahead of training), the resumed buffer is the one saved (its digest), and the batch in
 flight at the kill is generated again and trained once.
@@ -102,7 +104,7 @@ def chain(tmp_path_factory):
     model = build_tiny_qwen3(tmp / "tiny-qwen3", corpus=texts, vocab_size=512)
     cmd = _command(tmp, model)
     killed = _run(tmp, "killed", cmd, kill_at="global_step2")
-    resumed = _run(tmp, "resumed", cmd)
+    resumed = _run(tmp, "resumed", cmd + ["--train.partial_rollout_enable"])
     assert resumed["returncode"] == 0, resumed["output"][-6000:]
     scalars = read_scalars(tmp / "tensorboard" / "tb")  # both runs' events; the resumed run's steps are 3, 4
     return {"killed": killed, "resumed": resumed, "scalars": scalars}
