@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, ListStorage, PrioritizedReplayBuffer, TensorDictPrioritizedReplayBuffer
 
-from replay_core import FULL_SIZE, QUICK_SIZE, TORCHRL_STORAGES, StoreConfig, Workload, checksum, describe, make_step
+from replay_core_workload import FULL_SIZE, QUICK_SIZE, TORCHRL_STORAGES, StoreConfig, Workload, checksum, describe, make_step
 
 def _identity(items):
     return items

@@ -28,8 +28,9 @@ READABLE_FORMATS = (1, 2)
 KEEP_RULE, PRIORITY_RULE, KL_RULE = "keep rule", "priority rule", "per-token KL columns"
 # What each optional per-token column is kept for; a file of another KL setting lacks what this
 # run's loss reads (or holds what it would ignore), so the KL setting is a holding rule.
+# (The rule's name predates the critic's and async's columns; saved files carry it, so it stays.)
 _KL_COLUMN_USE = {"token_advantages": "KL in the reward", "ref_logprobs": "KL as a loss",
-                  "rollout_logprobs": "async IS correction"}
+                  "token_rewards": "GAE against the current critic", "rollout_logprobs": "async IS correction"}
 NO_KL_COLUMNS = "none (KL off)"
 FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
                            "maximum, the drawn updated to max(|reward|, 1e-6)")
@@ -79,8 +80,9 @@ def rules_mismatch(saved: Mapping[str, Any], ours: Mapping[str, Any], mode: str)
     show = lambda rules: ", ".join(f"{k} {rules.get(k, 'unset')}" for k in differ)  # noqa: E731
     if KL_RULE in differ:
         return (f"written with {KL_RULE} {saved.get(KL_RULE)}, this run has {ours.get(KL_RULE)}: its rollouts do not "
-                "carry what this run's KL reads (--algo.kl.init_coef and --algo.kl.use_loss decide). Resume with the "
-                "KL flags it was written with, or start with an empty buffer (--replay.allow_empty_resume)")
+                "carry what this run's KL or critic reads (--algo.kl.init_coef, --algo.kl.use_loss and "
+                "--algo.advantage.estimator decide). Resume with the "
+                "KL and estimator flags it was written with, or start with an empty buffer (--replay.allow_empty_resume)")
     if KEEP_RULE in differ or PRIORITY_RULE in differ:
         return (f"written under replay.mode={mode} with {show(saved)}; this code's replay.mode={mode} has "
                 f"{show(ours)}: the buffer holds other rollouts, or priorities of another meaning. Resume with "

@@ -105,7 +105,7 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
     """Fresh-anchored batch: every fresh rollout, plus up to round(ratio * n_fresh) replayed ones
     (a multiple of `multiple_of`, see `replay_count`)."""
     target = replay_target(config, len(fresh), len(np.unique(fresh.group_ids)), multiple_of)
-    k = replay_count(target, step, config.warmup, len(store), multiple_of)
+    k = replay_count(target, step, config.effective_warmup, len(store), multiple_of)
     if k == 0:
         return _fresh_only(fresh)
     draw = sampler(store.view(), k, step, rng, fresh_prompt_uids=fresh.prompt_uids)
@@ -125,7 +125,7 @@ def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, con
     is not rounded: `inert` says how many rows the integration must add, with no loss, to make the
     replayed rows a multiple of `multiple_of` (its training batch)."""
     group_rows = np.sort(np.unique(fresh.group_ids, return_index=True)[1])  # each fresh group's first row
-    if step < config.warmup or not len(store) or not len(group_rows):
+    if step < config.effective_warmup or not len(store) or not len(group_rows):
         return _fresh_only(fresh)
     draw, host_row = _draw_per_group(fresh, group_rows, store, sampler, config, step, rng)
     if not len(draw.indices):

@@ -62,7 +62,8 @@ class ReplayConfig:
     rounds to whole training batches). Not used by success mode (see per_prompt)."""
     warmup: int = 20
     """Steps trained on fresh rollouts only while the buffer fills: the first replay is in step
-    warmup + 1 (OpenRLHF's log counts steps from 1; the buffer's step t counts from 0)."""
+    warmup + 1 (OpenRLHF's log counts steps from 1; the buffer's step t counts from 0). Not
+    applied with an offline pool (replay.success_pool), which is full before the first step."""
     max_age: Optional[int] = None
     """Age limit in steps: a rollout older than this (age = step - version) is evicted. Unset: the
     mode's default (10 for uniform, advantage; no age limit for naive, freshness, success); a
@@ -109,8 +110,8 @@ class ReplayConfig:
     success_pool: Optional[str] = None
     """RLEP: a pool file of verified successes built before training from a seed checkpoint
     (`python -m openrlhf_replay.cli.build_success_pool`), loaded at start and replayed from the
-    first step after the warm-up; the run's own successes are then not added. Unset: the in-run
-    pool (the run's own successes, from a prompt's second visit on)."""
+    first step (replay.warmup does not apply to it); the run's own successes are then not added.
+    Unset: the in-run pool (the run's own successes, from a prompt's second visit on)."""
     seed: int = 0
     """Seed of the buffer's own random generator (sampling)."""
     allow_empty_resume: bool = False
@@ -189,6 +190,12 @@ class ReplayConfig:
         if self.off_policy is not None:
             return self.off_policy
         return self.defaults.off_policy if self.defaults else "stale"
+
+    @property
+    def effective_warmup(self) -> int:
+        """Steps before the first replay: replay.warmup, except with an offline pool, which holds
+        its successes before step 0 and replays from the first step, as RLEP runs it."""
+        return 0 if self.success_pool else self.warmup
 
     def for_run(self, steps: int) -> ReplayConfig:
         """This config with what derives from the run's length filled in: freshness's beta_steps,

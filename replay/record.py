@@ -40,12 +40,14 @@ _LAYOUT: dict[str, tuple[type, str]] = {
     "reuse_counts": (np.int32, "rollout"),
 }
 ROLLOUT_FIELDS = tuple(k for k, (_, kind) in _LAYOUT.items() if kind == "rollout")
-# Optional float32 columns, one value per response token, held only when the run's KL needs them
-# (docs/METHOD.md section 2, "KL"): `token_advantages`, the per-token advantage of KL in the reward;
-# `ref_logprobs`, the reference model's log-probs for KL as a loss; and in async training with
-# upstream's IS correction, `rollout_logprobs`, vLLM's log-probs at generation (section 10).
-# Absent (None) they cost no byte.
-TOKEN_COLUMNS = ("token_advantages", "ref_logprobs", "rollout_logprobs")
+# Optional float32 columns, one value per response token, held only when the run needs them
+# (docs/METHOD.md section 2, "KL" and "A critic"): `token_advantages`, the per-token advantage of KL
+# in the reward; `ref_logprobs`, the reference model's log-probs for KL as a loss; `token_rewards`,
+# the per-token reward GAE starts from (the outcome on the last action token, any KL penalty on
+# every token), from which a replayed row's advantage is recomputed against the current critic;
+# `rollout_logprobs`, vLLM's log-probs at generation, in async training with upstream's IS
+# correction (section 10). Absent (None) they cost no byte.
+TOKEN_COLUMNS = ("token_advantages", "ref_logprobs", "token_rewards", "rollout_logprobs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,6 +75,7 @@ class RolloutBatch:
     # -- optional, per response token (`TOKEN_COLUMNS`) --
     token_advantages: np.ndarray | None = None  # (sum Lr,) float32, advantage with the KL penalty
     ref_logprobs: np.ndarray | None = None  # (sum Lr,) float32, log pi_ref of each response token
+    token_rewards: np.ndarray | None = None  # (sum Lr,) float32, per-token reward (GAE's input)
     rollout_logprobs: np.ndarray | None = None  # (sum Lr,) float32, vLLM's log-prob at generation (async)
 
     def __post_init__(self) -> None:
@@ -262,7 +265,7 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
     """Which rollouts may be stored: `(ok (n,) bool, {reason: count})`.
 
     Log-probs (and the optional per-token columns: a per-token advantage counts as an advantage,
-    reference log-probs as log-probs) are only checked where the action mask is set:
+    reference log-probs as log-probs, a per-token reward as a reward) are only checked where the action mask is set:
     padding-like positions may hold -inf without harming the loss.
     """
     bad = {
@@ -272,7 +275,8 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         "non_finite_logprob": np.zeros(len(batch), np.bool_),
     }
     per_token = [("non_finite_logprob", batch.behaviour_logprobs), ("non_finite_logprob", batch.ref_logprobs),
-                 ("non_finite_logprob", batch.rollout_logprobs), ("non_finite_advantage", batch.token_advantages)]
+                 ("non_finite_logprob", batch.rollout_logprobs), ("non_finite_advantage", batch.token_advantages),
+                 ("non_finite_reward", batch.token_rewards)]
     for reason, values in per_token:
         if values is not None:
             bad[reason] |= _non_finite_rows(batch, values)

@@ -41,10 +41,13 @@ control (`POSITIVE_CONTROL`) is a pair whose sign is known before it runs: if th
 resolve it, a null result elsewhere says nothing.
 
 Paired differences (condition A minus condition B, seed by seed: seed s of every condition has
-the same prompt order and the same warm start): their median, a percentile-bootstrap 95%
-interval of that median over seeds, and the exact two-sided sign-flip permutation p-value of
-their mean (the sign test's p beside it). A difference is "resolved" when the interval excludes
-0 and p < 0.05; with n seeds the smallest possible p is 2 / 2**n (0.25 at 3 seeds, 0.0078 at 8).
+the same prompt order and the same warm start): their median, an interval (`interval`, its kind
+in `interval_kind`), and the exact two-sided sign-flip permutation p-value of their mean (the
+sign test's p beside it). From `MIN_SEEDS_FOR_CI` (6) seeds the interval is the percentile-
+bootstrap 95% interval of the median over seeds; below that it is the [min, max] of the
+differences, and called so: a percentile interval over so few seeds is little else. A difference
+is "resolved" when the interval excludes 0 and p < 0.05; with n seeds the smallest possible p is
+2 / 2**n (0.25 at 3 seeds, 0.0078 at 8).
 
 Curves over seeds: at each x, the median and the 25th / 75th percentiles (numpy's linear
 interpolation) of the runs that have a value there. Held-out evaluations happen at the same
@@ -54,13 +57,15 @@ units each run's curve is interpolated linearly onto a common grid, within its o
 `rollouts_to_match_ratio` / `compute_to_match_ratio`: the threshold is `match_fraction` (0.98)
 x the maximum of the baseline's median curve (a level the baseline's median curve does reach).
 For a condition, the rollouts (compute units) at which its median curve first reaches the
-threshold, over the same for the baseline; None when its median curve never reaches it. The
-compute median curve pairs, at each evaluated step, the median over seeds of the compute spent
-with the median accuracy.
-Their `_ci95` is a percentile-bootstrap interval over seeds: the seeds are resampled
-together (seed s of the condition with seed s of the baseline), both median curves and the
-threshold are recomputed, and a resample in which the condition never reaches the threshold
-counts as an infinite ratio (an upper bound of None means "may never match").
+threshold, over the same for the baseline's median curve over the same seeds (so a condition run
+at 3 seeds is compared with the baseline's runs at those 3 seeds); None when its median curve
+never reaches it. The compute median curve pairs, at each evaluated step, the median over seeds
+of the compute spent with the median accuracy.
+Their `_interval` is over the same seeds: from 6 seeds a percentile-bootstrap 95% interval (the
+seeds are resampled together, seed s of the condition with seed s of the baseline, both median
+curves and the threshold recomputed); below 6 the [min, max] of the seeds' own ratios (seed s's
+curve against the baseline's seed s). A condition that never reaches the threshold counts as an
+infinite ratio (an upper bound of None means "may never match").
 """
 from __future__ import annotations
 
@@ -83,6 +88,9 @@ POSITIVE_CONTROL = ("none", "none_half_prompts")
 learns from half the rollouts with half the updates. (GRPO at half the LR, the first control,
 was not resolved: see `sample_efficiency.LR_SCALE`.)"""
 ALPHA = 0.05
+MIN_SEEDS_FOR_CI = 6
+"""Fewest paired seeds for a 95% interval; below, intervals are the [min, max] over seeds."""
+INTERVAL_KINDS = {True: "95% percentile bootstrap", False: "min-max"}
 POWER = 0.80
 
 
@@ -259,9 +267,9 @@ def minimal_detectable_effect(diffs: Sequence[float], power: float = POWER, alph
 
 
 def to_match_interval(runs: Sequence[Mapping], baseline_runs: Sequence[Mapping], unit_s: float, axis: str,
-                      match_fraction: float = 0.98, n_resamples: int = 2000, seed: int = 0) -> list:
-    """Percentile-bootstrap 95% interval of `to_match_ratio` over the seeds both conditions have,
-    resampled together (module docstring); inf (never reaches the threshold) is reported as None."""
+                      match_fraction: float = 0.98, n_resamples: int = 2000, seed: int = 0) -> tuple[list, str]:
+    """(interval, its kind) of `to_match_ratio` over the seeds both conditions have (module
+    docstring); inf (never reaches the threshold) is reported as None."""
     by_seed = {r["seed"]: r for r in runs}
     base_by_seed = {r["seed"]: r for r in baseline_runs}
     seeds = sorted(set(by_seed) & set(base_by_seed))
@@ -269,13 +277,21 @@ def to_match_interval(runs: Sequence[Mapping], baseline_runs: Sequence[Mapping],
         raise ValueError("no seed in common with the baseline")
     curves = [[eval_curve(group[s], unit_s, axis) for s in seeds] for group in (by_seed, base_by_seed)]
     (x, y), (bx, by) = ((np.array([c[0] for c in cs]), np.array([c[1] for c in cs])) for cs in curves)
-    idx = np.random.default_rng(seed).integers(0, len(seeds), size=(n_resamples, len(seeds)))
+    enough = len(seeds) >= MIN_SEEDS_FOR_CI
+    if not enough:  # each seed's own ratio, as its [min, max]
+        idx = np.arange(len(seeds))[:, None]
+        n_resamples = len(seeds)
+    else:
+        idx = np.random.default_rng(seed).integers(0, len(seeds), size=(n_resamples, len(seeds)))
     med = {k: np.median(v[idx], axis=1) for k, v in {"x": x, "y": y, "bx": bx, "by": by}.items()}  # (R, E)
     ratios = [to_match_ratio({"x": med["x"][i], "median": med["y"][i]},
                              {"x": med["bx"][i], "median": med["by"][i]}, match_fraction) for i in range(n_resamples)]
     ratios = np.array([math.inf if r is None else r for r in ratios])
-    lo, hi = np.quantile(ratios, [0.025, 0.975], method="inverted_cdf")  # sample values, so inf survives
-    return [None if math.isinf(v) else float(v) for v in (lo, hi)]
+    if enough:
+        lo, hi = np.quantile(ratios, [0.025, 0.975], method="inverted_cdf")  # sample values, so inf survives
+    else:
+        lo, hi = ratios.min(), ratios.max()
+    return [None if math.isinf(v) else float(v) for v in (lo, hi)], INTERVAL_KINDS[enough]
 
 
 def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 0) -> float:
@@ -296,18 +312,23 @@ def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 
 
 def paired_difference(a: Mapping[int, float], b: Mapping[int, float], n_resamples: int = 10000,
                       seed: int = 0) -> dict:
-    """A - B over the seeds both have (seed -> score): n, the differences, their median with a
-    percentile-bootstrap 95% interval over seeds, their mean, the sign-flip permutation p and
-    the sign test's p, and whether the difference is resolved (interval excludes 0, p < 0.05)."""
+    """A - B over the seeds both have (seed -> score): n, the differences, their median with an
+    interval over seeds (percentile-bootstrap 95% from MIN_SEEDS_FOR_CI seeds, else [min, max];
+    `interval_kind` says which), their mean, the sign-flip permutation p and the sign test's p,
+    and whether the difference is resolved (interval excludes 0, p < 0.05)."""
     seeds = sorted(set(a) & set(b))
     if not seeds:
         raise ValueError(f"no seed in common: {sorted(a)} vs {sorted(b)}")
     d = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    draws = bootstrap_draws(d.size, n_resamples, seed, lambda idx, _rng: np.median(d[idx], axis=1))
-    lo, hi = percentile_interval(draws, 0.95)
+    enough = d.size >= MIN_SEEDS_FOR_CI
+    if enough:
+        draws = bootstrap_draws(d.size, n_resamples, seed, lambda idx, _rng: np.median(d[idx], axis=1))
+        lo, hi = percentile_interval(draws, 0.95)
+    else:
+        lo, hi = float(d.min()), float(d.max())
     p = sign_flip_p(d)
     return {"n": int(d.size), "seeds": seeds, "diffs": d.tolist(), "median": float(np.median(d)),
-            "ci95": [lo, hi], "mean": float(d.mean()), "p": p,
+            "interval": [lo, hi], "interval_kind": INTERVAL_KINDS[enough], "mean": float(d.mean()), "p": p,
             "sign_p": mcnemar_p(int(np.sum(d < 0)), int(np.sum(d > 0))),
             "resolved": bool(p < ALPHA and (lo > 0 or hi < 0))}
 
@@ -339,7 +360,6 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
         raise ValueError(f"no run of the baseline condition {baseline!r}; have {sorted(by_condition)}")
     unit_s = unit_seconds(by_condition[baseline])
     rollout_curves = {c: median_step_curve(rs, unit_s, "rollouts") for c, rs in by_condition.items()}
-    compute_curves = {c: median_step_curve(rs, unit_s, "compute_units") for c, rs in by_condition.items()}
     scores = {c: {r["seed"]: seed_scores(r) for r in rs} for c, rs in by_condition.items()}
     final = {}
     for c, rs in by_condition.items():
@@ -362,12 +382,7 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
             "per_seed": {k: {seed: s[k] for seed, s in sorted(per_seed.items())} for k in SCORES},
             "final_acc_iqr": np.percentile([s["final_acc"] for s in per_seed.values()], [25, 75]).tolist(),
             "final_acc_by_band": {b: float(np.median([e["by_band"][b] for e in final[c]["evals"]])) for b in bands},
-            "rollouts_to_match_ratio": to_match_ratio(rollout_curves[c], rollout_curves[baseline], match_fraction),
-            "rollouts_to_match_ci95": to_match_interval(rs, by_condition[baseline], unit_s, "rollouts",
-                                                        match_fraction),
-            "compute_to_match_ratio": to_match_ratio(compute_curves[c], compute_curves[baseline], match_fraction),
-            "compute_to_match_ci95": to_match_interval(rs, by_condition[baseline], unit_s, "compute_units",
-                                                       match_fraction),
+            **_to_match(rs, by_condition[baseline], unit_s, match_fraction),
             "mean_response_tokens": final[c]["response_tokens"],
             "aes_vs_grpo": aes_value,
             **_costs(rs, unit_s),
@@ -378,8 +393,23 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
     control = _positive_control(scores)
     return {"baseline": baseline, "unit_s": unit_s, "match_fraction": match_fraction,
             "match_threshold": match_fraction * float(np.nanmax(rollout_curves[baseline]["median"])),
-            "grpo_gain": {k: gain[k] for k in ("n", "median", "ci95", "p", "resolved")},
+            "grpo_gain": {k: gain[k] for k in ("n", "median", "interval", "interval_kind", "p", "resolved")},
             "positive_control": control, "conditions": conditions, "pairs": pair_stats}
+
+
+def _to_match(rs: Sequence[Mapping], baseline_runs: Sequence[Mapping], unit_s: float, match_fraction: float) -> dict:
+    """Rollouts- and compute-to-match: the point estimate and its interval on the same seeds, the
+    condition's and the baseline's runs of the seeds both have (module docstring)."""
+    seeds = {r["seed"] for r in rs}
+    matched = [r for r in baseline_runs if r["seed"] in seeds]
+    out = {}
+    for name, axis in (("rollouts", "rollouts"), ("compute", "compute_units")):
+        ratio = to_match_ratio(median_step_curve(rs, unit_s, axis), median_step_curve(matched, unit_s, axis),
+                               match_fraction)
+        interval, kind = to_match_interval(rs, baseline_runs, unit_s, axis, match_fraction)
+        out |= {f"{name}_to_match_ratio": ratio, f"{name}_to_match_interval": interval,
+                f"{name}_to_match_interval_kind": kind}
+    return out
 
 
 def _costs(rs: Sequence[Mapping], unit_s: float) -> dict:
@@ -407,7 +437,8 @@ def _positive_control(scores: Mapping) -> dict | None:
     if a not in scores or b not in scores:
         return None
     stat = _pair(scores[a], scores[b])["final_acc"]
-    return {"pair": f"{a}_vs_{b}", **{k: stat[k] for k in ("n", "median", "ci95", "p", "resolved", "mde")}}
+    return {"pair": f"{a}_vs_{b}", **{k: stat[k] for k in ("n", "median", "interval", "interval_kind", "p",
+                                                            "resolved", "mde")}}
 
 
 def _pair(a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]]) -> dict:

@@ -4,9 +4,14 @@ table.md. Everything is drawn from the records and the summary `se_analysis.summ
 """
 from __future__ import annotations
 
+import json
+import math
+import time
 from pathlib import Path
 
 import se_analysis
+from infra.hardware import cpu_description
+from se_settings import ROLLOUT_TEMPERATURE
 
 REWARD_WINDOW = 5
 AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute_units", "compute units"))
@@ -95,21 +100,27 @@ def _fmt(x, spec=".3f", none="never"):
     return none if x is None else format(x, spec)
 
 
+def _interval(st: dict, spec: str = "+.3f", key: str = "interval") -> str:
+    """`[lo, hi]`, named when it is not a 95% interval (fewer than 6 seeds: their [min, max])."""
+    lo, hi = st[key]
+    kind = st[f"{key}_kind"]
+    return f"[{_fmt(lo, spec)}, {_fmt(hi, spec)}]" + ("" if kind.startswith("95%") else f" ({kind})")
+
+
 def _ratio_ci(s: dict, axis: str) -> str:
-    lo, hi = s[f"{axis}_to_match_ci95"]
-    return f"{_fmt(s[f'{axis}_to_match_ratio'], '.2f')} [{_fmt(lo, '.2f')}, {_fmt(hi, '.2f')}]"
+    return f"{_fmt(s[f'{axis}_to_match_ratio'], '.2f')} {_interval(s, '.2f', f'{axis}_to_match_interval')}"
 
 
 def _power_lines(summary: dict) -> list[str]:
     """GRPO's own gain and the positive control: can this lab see an effect at all?"""
     g = summary["grpo_gain"]
     lines = [f"GRPO's gain over the run (final minus step 0, paired by seed, n {g['n']}): {g['median']:+.3f} "
-             f"[{g['ci95'][0]:+.3f}, {g['ci95'][1]:+.3f}], p {g['p']:.3f}."]
+             f"{_interval(g)}, p {g['p']:.3f}."]
     c = summary["positive_control"]
     if c is None:
         return lines + ["Positive control: not run (its conditions are not in this sweep)."]
     return lines + [f"Positive control {c['pair']} (its sign is known: GRPO above GRPO on half the prompts per "
-                    f"step), final accuracy: {c['median']:+.3f} [{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}], "
+                    f"step), final accuracy: {c['median']:+.3f} {_interval(c)}, "
                     f"p {c['p']:.3f}, "
                     f"{'resolved' if c['resolved'] else 'NOT resolved'} at {c['n']} seeds (MDE "
                     f"{_fmt(c['mde'], '.3f', 'n/a')})."]
@@ -137,7 +148,7 @@ def _conditions_table(summary: dict) -> list[str]:
            f"({metric['samples_per_problem']} per problem, the same seeds for every condition); greedy beside it.", ""]
     out += ["| condition | seeds | final acc (median [IQR]) | best acc | AUC | final greedy | "
             + "".join(f"final {b} | " for b in bands)
-            + "rollouts to match [95% CI] | compute to match [95% CI] | tokens trained / step | updates / step "
+            + "rollouts to match [interval] | compute to match [interval] | tokens trained / step | updates / step "
             "| replayed / step | compute units (train + gen) | AES vs GRPO |",
             "|---" * (13 + len(bands)) + "|"]
     for c, s in conds.items():
@@ -160,11 +171,13 @@ def _conditions_table(summary: dict) -> list[str]:
 def _pairs_table(summary: dict) -> list[str]:
     """The paired differences, each with its test and a verdict in words."""
     out = ["Paired differences A - B over the seeds both have (seed s of both: same prompt order, same warm start): "
-           "median, percentile-bootstrap 95% interval of the median over seeds, exact sign-flip permutation p "
+           "median, percentile-bootstrap 95% interval of the median over seeds (below 6 seeds the [min, max] of "
+           "the differences, marked min-max: a percentile interval over so few seeds is little else), exact "
+           "sign-flip permutation p "
            "(sign test p). Resolved = interval excludes 0 and p < 0.05. MDE: the approximate smallest mean "
            "difference of final accuracy these seeds detect with 80% power at two-sided alpha 0.05, from the "
            "spread of the paired differences.", "",
-           "| pair | score | n | median A - B | 95% CI | p (permutation) | p (sign) | MDE | in words |",
+           "| pair | score | n | median A - B | interval | p (permutation) | p (sign) | MDE | in words |",
            "|---|---|---|---|---|---|---|---|---|"]
     for pair, stats in summary["pairs"].items():
         a, b = pair.split("_vs_")
@@ -173,8 +186,8 @@ def _pairs_table(summary: dict) -> list[str]:
                 words = f"resolved: {a} {'above' if st['median'] > 0 else 'below'} {b}"
             else:
                 words = f"not resolved at {st['n']} seeds"
-            out.append(f"| {pair} | {score} | {st['n']} | {st['median']:+.3f} | [{st['ci95'][0]:+.3f}, "
-                       f"{st['ci95'][1]:+.3f}] | {st['p']:.3f} | {st['sign_p']:.3f} | "
+            out.append(f"| {pair} | {score} | {st['n']} | {st['median']:+.3f} | {_interval(st)} | "
+                       f"{st['p']:.3f} | {st['sign_p']:.3f} | "
                        f"{_fmt(st.get('mde'), '.3f', '')} | {words} |")
     return out
 
@@ -210,3 +223,54 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def summarize(a, runs: list[dict]) -> dict:
+    """`se_analysis.summarize` of the runs, with the sweep's settings, metric, provenance, warm
+    start and timing beside it."""
+    summary = se_analysis.summarize(runs)
+    summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
+                           if not k.startswith("_")}
+    summary["primary_metric"] = {"name": f"held-out avg@{a.eval_samples}", "temperature": ROLLOUT_TEMPERATURE,
+                                 "samples_per_problem": a.eval_samples}
+    summary["provenance"] = evaluation_provenance()
+    warm_path = a.out_dir / "warm_start.json"
+    summary["warm_start"] = json.loads(warm_path.read_text()) if warm_path.is_file() else None
+    summary["timing"] = {
+        "date": time.strftime("%Y-%m-%d"), "cpu": cpu_description(), "runs": len(runs),
+        "run_wall_s_median": _median([r["wall_s"] for r in runs]),
+        "startup_s_median": _median([r["startup_s"] for r in runs]),
+        "session_startup_s_total": sum(r.get("session_startup_s", 0.0) for r in runs),
+        "eval_s_median": _median([r["eval_s"] for r in runs]),
+        "run_wall_s_total": sum(r["wall_s"] + r["eval_s"] for r in runs),
+        "this_call": None}  # main fills it in
+    return summary
+
+
+def evaluation_provenance() -> dict:
+    """What graded the held-out answers: the grader's package versions and the code's commit."""
+    from evaluation.provenance import harness_provenance, software_versions
+
+    versions = software_versions()
+    harness = harness_provenance()
+    return {"grader": {"math-verify": versions.get("math-verify"),
+                       "grader_sha256": harness["sources_sha256"].get("grader.py")},
+            "git_commit": harness["git_commit"],
+            "evaluation_uncommitted_changes": harness["evaluation_uncommitted_changes"]}
+
+
+def _median(values) -> float:
+    import numpy as np
+
+    return float(np.median(values)) if values else math.nan
+
+
+def jsonable(value):
+    """`json.dumps` default for numpy values."""
+    import numpy as np
+
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(type(value))

@@ -105,6 +105,20 @@ model_tag() {  # Qwen/Qwen3-1.7B-Base -> Qwen3-1.7B-Base
   basename "${1%/}"
 }
 
+# RLEP's offline pool (train_grpo_success_replay.sh replays it, build_success_pool.sh writes it),
+# decoded from the comparison's own GRPO run (same MODEL, SEED) at POOL_STEP.
+default_success_pool() {
+  echo "$RUNS_DIR/$(model_tag "$MODEL")/success_pool_seed$SEED.npz"
+}
+
+default_pool_step() {  # the first GRPO checkpoint at or after one epoch: ceil(steps / SAVE_STEPS) x SAVE_STEPS
+  local prompts steps
+  prompts=$("$PYTHON" -m openrlhf_replay.cli.prompts --batch "$ROLLOUT_PROMPTS" "$DATA")
+  [[ -n $prompts ]] || die "cannot count the prompts of DATA=$DATA to find the end of GRPO's first epoch: set POOL_STEP"
+  steps=$(((prompts + ROLLOUT_PROMPTS - 1) / ROLLOUT_PROMPTS))
+  echo $(((steps + SAVE_STEPS - 1) / SAVE_STEPS * SAVE_STEPS))
+}
+
 # Per-GPU micro-batches (train, rollout forward) by model size: memory, not the experiment.
 scale_micro_batches() {  # <model>
   case "${1,,}" in

@@ -38,7 +38,6 @@ from replay.pool import SuccessPoolError, load_pool
 # modules as they are first imported.
 
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
-UNSUPPORTED_ESTIMATORS = ("gae",)  # critic-based: a stored advantage would need the critic of its time
 RLEP_ESTIMATORS = ("group_norm", "dr_grpo")  # RLEP recomputes these over the enlarged group
 
 
@@ -103,19 +102,19 @@ def replay_arg_errors(args) -> list[str]:
 
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
-    """Upstream training features replay cannot run with (a critic, KL RLEP cannot carry, dynamic
-    filtering, refresh without upstream's clipped IS correction). Async training runs with the buffer
-    in its training actor (`openrlhf_replay/trainer/ppo_trainer_async.py`). Any LR schedule
-    runs (the actor paces it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and so does
-    dynamic batching (`openrlhf_replay/trainer/ray/dynamic_batch.py`)."""
+    """Upstream training features replay cannot run with (KL RLEP cannot carry, RLEP with another
+    estimator, critic ranks that would not get equal shares, dynamic filtering, refresh without
+    upstream's clipped IS correction). Any LR schedule runs (the actor and critic pace it by rollout
+    steps, `openrlhf_replay/trainer/lr_schedule.py`), and so do dynamic batching
+    (`openrlhf_replay/trainer/ray/dynamic_batch.py`), a critic (`gae`: replayed rows' advantages are
+    recomputed against the current critic, `openrlhf_replay/trainer/ppo_utils/critic.py`) and async
+    training (the buffer in its training actor, `openrlhf_replay/trainer/ppo_trainer_async.py`)."""
     errors = []
     estimator = args.algo.advantage.estimator
-    if estimator in UNSUPPORTED_ESTIMATORS:
-        errors.append(f"--algo.advantage.estimator {estimator} needs a critic, and a replayed rollout's frozen "
-                      "advantage would be stale against it; use group_norm (GRPO), dr_grpo, rloo or reinforce_baseline")
     if config.mode == "success" and estimator not in RLEP_ESTIMATORS:
         errors.append(f"--replay.mode success recomputes group advantages as {' or '.join(RLEP_ESTIMATORS)}, "
                       f"not {estimator}; pass --algo.advantage.estimator group_norm")
+    errors += _critic_rank_errors(args)
     if args.algo.dynamic_filtering_enable:
         errors.append("--algo.dynamic_filtering_enable makes the fresh batch size vary per step, so the replayed "
                       "share cannot be spread evenly over ranks; turn it off (replay already skips zero-advantage groups)")
@@ -136,6 +135,22 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
                       f"(got {correction.is_correction_level} / {correction.is_correction_mode} / "
                       f"{correction.is_correction_gating}: mask drops tokens instead of truncating their weight)")
     return errors
+
+
+def _critic_rank_errors(args) -> list[str]:
+    """With a critic, upstream hands its group the policy actors' list in contiguous chunks too: each
+    critic rank must get whole policy-rank chunks (same fresh and replayed share, same optimizer
+    steps), so its data-parallel ranks must divide the policy's."""
+    if args.algo.advantage.estimator != "gae":
+        return []
+    per_group = args.ds.ring_attn_size * args.ds.tensor_parallel_size
+    actor, critic = data_parallel_ranks(args), args.critic.num_nodes * args.critic.num_gpus_per_node // per_group
+    if critic >= 1 and actor % critic == 0:
+        return []
+    return [f"the critic's {critic} data-parallel ranks (--critic.num_nodes x --critic.num_gpus_per_node, upstream's "
+            f"default 1 x 8) do not divide the policy actor's {actor}, so its ranks would get unequal shares of the "
+            f"fresh and replayed rows; pass --critic.num_nodes {args.actor.num_nodes} --critic.num_gpus_per_node "
+            f"{args.actor.num_gpus_per_node}"]
 
 
 def _batch_errors(args) -> list[str]:
@@ -197,11 +212,12 @@ def describe_replay(args) -> str:
         f" ({wanted} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
         "runs the same optimizer steps)")
     if config.mode == "success":
-        pool = (f"the offline pool {config.success_pool}" if config.success_pool else
-                "the in-run pool (the run's own successes: a prompt's from its second visit, once per epoch)")
+        pool = (f"from the first step, from the offline pool {config.success_pool} (no warm-up: it is full before "
+                "the run)" if config.success_pool else f"after step {config.warmup}, from the in-run pool (the run's "
+                "own successes: a prompt's from its second visit, once per epoch)")
         return (f"replay: mode success (RLEP), up to {config.per_prompt} successes of each of the {args.rollout.batch_size} "
                 f"prompts (min of that and its stored successes) join its group of {args.rollout.n_samples_per_prompt} "
-                f"after step {config.warmup}, from {pool}, completed by inert rows to whole --train.batch_size "
+                f"{pool}, completed by inert rows to whole --train.batch_size "
                 f"{args.train.batch_size} batches (at most {k} rows); pi_old of replayed rows: "
                 f"{config.effective_off_policy}")
     return f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step {config.warmup}{note}"
@@ -211,16 +227,20 @@ def _install_replay_classes(stack: contextlib.ExitStack) -> None:
     import openrlhf.trainer.ppo_trainer as upstream_trainer
     import openrlhf.trainer.ppo_trainer_async as upstream_async
     import openrlhf.trainer.ray.ppo_actor as upstream_actor
+    import openrlhf.trainer.ray.ppo_critic as upstream_critic
 
     from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
     from openrlhf_replay.trainer.ppo_trainer_async import ReplayPPOTrainerAsync
     from openrlhf_replay.trainer.ray.ppo_actor import ReplayPolicyModelActor
+    from openrlhf_replay.trainer.ray.ppo_critic import ReplayCriticModelActor
 
     # `train()` imports PPOTrainer (or, with --train.async_enable, PPOTrainerAsync) from its module
-    # at call time; the upstream CLI module binds PolicyModelActor when it is executed, after this.
+    # at call time; the upstream CLI module binds PolicyModelActor and CriticModelActor when it is
+    # executed, which happens after this.
     stack.enter_context(_patched(upstream_trainer, "PPOTrainer", ReplayPPOTrainer))
     stack.enter_context(_patched(upstream_async, "PPOTrainerAsync", ReplayPPOTrainerAsync))
     stack.enter_context(_patched(upstream_actor, "PolicyModelActor", ReplayPolicyModelActor))
+    stack.enter_context(_patched(upstream_critic, "CriticModelActor", ReplayCriticModelActor))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,6 @@
-"""The rehearsal of async training (`--train.async_enable`): upstream's `PPOTrainerAsync` (or this
-project's replay subclass) built and run in this process, its actors on threads.
+"""The rehearsal's controller: which class the launcher would start (`controller_class`), and for
+async training (`--train.async_enable`) upstream's `PPOTrainerAsync` (or this project's replay
+subclass) built and run in this process, its actors on threads.
 
 The controller's own `__init__` and `fit` run unchanged: they create the generator and training
 actors, the queue, the `rollout_slots` tokens and the vLLM lock by their module-level names, which
@@ -147,3 +148,33 @@ def build_async(cls, ctor_args: tuple, ctor_kwargs: dict, timeout_s: float = 300
     training = local["TrainingActor"].created[0].instance
     controller.prompts_dataloader = generator.prompts_dataloader  # what the driver sizes its report from
     return controller, generator, training
+
+
+def controller_class(replay: bool, async_enable: bool):
+    """The controller the launcher would start, as a plain class: upstream's `PPOTrainer` or
+    `PPOTrainerAsync`, or replay's subclass of it."""
+    from openrlhf.trainer.ppo_trainer import PPOTrainer
+    from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
+
+    from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
+    from openrlhf_replay.trainer.ppo_trainer_async import ReplayPPOTrainerAsync
+
+    return undecorated({(False, False): PPOTrainer, (False, True): PPOTrainerAsync, (True, False): ReplayPPOTrainer,
+                        (True, True): ReplayPPOTrainerAsync}[replay, async_enable])
+
+
+def build_controller(cls, args, ctor_args: tuple, ctor_kwargs: dict):
+    """(controller, the object that generates, the object that trains): the synchronous trainer is
+    all three; an async controller's are its generator and training actors (`build_async`)."""
+    if args.train.async_enable:
+        return build_async(cls, ctor_args, ctor_kwargs)
+    trainer = cls(*ctor_args, **ctor_kwargs)
+    return trainer, trainer, trainer
+
+
+def install_generation(generator, generate) -> None:
+    """The generation stand-in in place of vLLM's; replay's async generator stamps its samples'
+    policy version around it again."""
+    generator.samples_generator._generate_vllm = generate
+    if hasattr(generator, "stamp_versions"):
+        generator.stamp_versions()

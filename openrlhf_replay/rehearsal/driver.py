@@ -24,16 +24,18 @@ from pathlib import Path
 
 import numpy as np
 
+from openrlhf_replay.cli.train_ppo_ray import describe_replay
 from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, flatten_args, launch_errors,
                                           resolve_training, split_command)
 import openrlhf_replay.rehearsal as package
 from openrlhf_replay.cpu import DEVICE_ENV, _hook
-from openrlhf_replay.rehearsal.async_run import build_async
+from openrlhf_replay.rehearsal.async_run import build_controller, controller_class, install_generation
+from openrlhf_replay.rehearsal.pool import build_stand_in_pool, missing_pool
 from openrlhf_replay.rehearsal.report import (TABLE_HEADER, markdown, off_policy, replay_distribution, spread,
                                               table_row)
 from openrlhf_replay.rehearsal.standins import (Generation, Rank, Settings, Shadow, ShadowRank, actor_group,
                                                 in_process_object_store, write_tokenizer)
-from openrlhf_replay.utils import undecorated, world_size
+from openrlhf_replay.utils import world_size
 from replay import ReplayConfig
 from replay.checkpoint import state_digest
 from replay.config import field_help
@@ -61,18 +63,11 @@ class Record:
     resumed_at: int | None = None
     crash: str | None = None
     crash_step: int | None = None
+    critic: list = field(default_factory=list)  # the critic group's stand-in ranks (`gae`), else none
 
 
 def _controller_class(module: str, args):
-    from openrlhf.trainer.ppo_trainer import PPOTrainer
-    from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
-
-    if module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled:
-        from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
-        from openrlhf_replay.trainer.ppo_trainer_async import ReplayPPOTrainerAsync
-
-        return undecorated(ReplayPPOTrainerAsync if args.train.async_enable else ReplayPPOTrainer)
-    return undecorated(PPOTrainerAsync if args.train.async_enable else PPOTrainer)
+    return controller_class(module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled, args.train.async_enable)
 
 
 def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings, rng, record: Record,
@@ -85,17 +80,13 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
     if args.algo.kl.init_coef > 0:  # KL needs the reference model's log-probs: stand-in ranks give them
         reference = actor_group([Rank(r, args, 1, rng) for r in range(args.ref.num_nodes * args.ref.num_gpus_per_node)],
                                 duplicate)
-    ctor = ((str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), None, None, reference, []),
-            dict(do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
-                 temperature=args.rollout.temperature, top_p=args.rollout.top_p))
-    if args.train.async_enable:  # the generator and the training actor, on threads (`async_run.py`)
-        trainer, generator, training = build_async(cls, *ctor)
-    else:
-        trainer = generator = training = cls(*ctor[0], **ctor[1])
+    critic = actor_group(record.critic, duplicate) if record.critic else None  # its forward gives values
+    trainer, generator, training = build_controller(  # async: its two actors, on threads (`async_run.py`)
+        cls, args, (str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), critic, None, reference, []),
+        dict(do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
+             temperature=args.rollout.temperature, top_p=args.rollout.top_p))
     sg = generator.samples_generator
-    sg._generate_vllm = Generation(sg, training.tokenizer, args, settings, rng)
-    if hasattr(generator, "stamp_versions"):  # replay's generator stamps each sample's policy version
-        generator.stamp_versions()
+    install_generation(generator, Generation(sg, training.tokenizer, args, settings, rng))
 
     generate = sg.generate_samples
 
@@ -198,6 +189,9 @@ def rehearse(command: list[str], settings: Settings = Settings(), log=print) -> 
     if module not in (UPSTREAM_CLI, REPLAY_CLI):
         raise Invalid([f"{module}: only training commands can be rehearsed"])
     t0 = time.monotonic()
+    pending_pool = None
+    if module == REPLAY_CLI:  # a pool built from a checkpoint not trained yet: a stand-in (pool.py)
+        argv, pending_pool = missing_pool(argv)
     args, refused = _resolved(module, argv)
     if refused:
         return {"command": " ".join(command), "crash": refused, "crash_step": 0, "steps_expected": None,
@@ -213,7 +207,7 @@ def rehearse(command: list[str], settings: Settings = Settings(), log=print) -> 
                 raise Invalid([f"--shape {flags!r} changes more than the shape: {', '.join(other)}"])
         shadows.append(Shadow(flags, shadow_args, [], None, crash=refused, crash_step=0 if refused else None))
     with _rehearsal_environment(args) as work:
-        return _run(module, args, settings, work, t0, log, shadows) | {"command": " ".join(command)}
+        return _run(module, args, settings, work, t0, log, shadows, pending_pool) | {"command": " ".join(command)}
 
 
 @contextlib.contextmanager
@@ -252,23 +246,35 @@ def _patched_env(name: str, value: str):
             os.environ[name] = old
 
 
-def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shadows: list[Shadow]) -> dict:
+def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shadows: list[Shadow],
+         pending_pool: str | None = None) -> dict:
+    prompts = _prompt_texts(args)
+    tokenizer_dir = write_tokenizer(prompts[:500], work / "tokenizer")
+    if pending_pool:
+        pool = work / "success_pool.npz"
+        successes = build_stand_in_pool(args, tokenizer_dir, settings, pool)
+        for run_args in [args] + [s.args for s in shadows if s.args is not None]:
+            run_args.replay.success_pool = str(pool)
+        log(f"rehearse: {pending_pool} is not built yet: rehearsing with a stand-in pool of {successes} successes "
+            "(the stand-in seed policy decoded every training prompt; openrlhf_replay/rehearsal/pool.py), so\n"
+            f"{describe_replay(args)}")
     replay = ReplayConfig.from_namespace(args) if module == REPLAY_CLI else ReplayConfig()
     rng = np.random.default_rng(settings.seed)
     cls = _controller_class(module, args)
     world, accumulation = world_size(args), _accumulation(args)
     record = Record()
-    prompts = _prompt_texts(args)
-    tokenizer_dir = write_tokenizer(prompts[:500], work / "tokenizer")
     resume_at = settings.resume_at
     # Async: no resume here (tests/pipeline/test_async_pipeline.py kills and resumes a real run).
     saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf and not args.train.async_enable
     if resume_at < 0:  # the first checkpoint after the replay warm-up (the buffer is not empty)
-        after = replay.warmup + 1 if replay.enabled else 1
+        after = replay.effective_warmup + 1 if replay.enabled else 1
         resume_at = math.ceil(after / args.ckpt.save_steps) * args.ckpt.save_steps if saves else 0
     settings = dataclasses.replace(settings, resume_at=resume_at)
 
     ranks = [Rank(r, args, accumulation, rng) for r in range(world)]
+    if args.algo.advantage.estimator == "gae":  # a critic group, trained on the same rows as the actors
+        critic_world = args.critic.num_nodes * args.critic.num_gpus_per_node
+        record.critic = [Rank(r, args, accumulation * world // critic_world, rng) for r in range(critic_world)]
     for shadow in (s for s in shadows if s.args is not None):
         shadow.ranks = [ShadowRank(r, shadow.args, _accumulation(shadow.args), rng)
                         for r in range(world_size(shadow.args))]
@@ -298,6 +304,8 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     if record.crash is None:
         record.crash_step = None
     report = _report(args, replay, record, ranks, max_steps, steps_per_episode, time.monotonic() - t0)
+    if record.critic:  # equal over its ranks, or its collectives would hang
+        report["critic_optimizer_steps_per_rank"] = [sum(s["optimizer_steps"] for s in r.steps) for r in record.critic]
     last = report["lr_last_optimizer_step"]
     if last:
         log(f"rehearse: LR schedule of {max_steps} optimizer steps ({args.actor.lr_scheduler}); the last optimizer "
@@ -349,7 +357,7 @@ def _prompt_texts(args) -> list[str]:
 def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, steps_per_episode: int,
             seconds: float) -> dict:
     steps = record.steps
-    after_warmup = [s for s in steps if s["step"] > replay.warmup] if replay.enabled else []  # buffer step >= warm-up
+    after_warmup = [s for s in steps if s["step"] > replay.effective_warmup] if replay.enabled else []  # buffer step >= warm-up
     per_step_opt = [sum(s["ranks"]["optimizer_steps"]) / max(len(ranks), 1) for s in steps]
     cumulative = list(_accumulate(ranks[0].steps[i]["optimizer_steps"] for i in range(len(ranks[0].steps)))) \
         if ranks else []

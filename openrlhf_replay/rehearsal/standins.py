@@ -275,6 +275,12 @@ def solve_probability(prompt: str, settings: Settings) -> float:
     return float(np.random.default_rng([settings.seed, text]).beta(c * rate, c * (1 - rate)))
 
 
+def stand_in_prompt_ids(prompt: str, vocab: int, settings: Settings) -> list[int]:
+    """`prompt_tokens` token ids drawn from the prompt's text (equal prompts, equal ids)."""
+    seed = int.from_bytes(hashlib.sha256(b"ids" + prompt.encode()).digest()[:8], "little")
+    return np.random.default_rng(seed).integers(3, vocab, settings.prompt_tokens).tolist()
+
+
 class Generation:
     """Stands for vLLM and the reward function: per prompt, `n` responses of sampled lengths, each
     correct with the prompt's own probability (`solve_probability`)."""
@@ -285,9 +291,7 @@ class Generation:
         self.solve: dict[str, float] = {}  # prompt -> P(correct), drawn on first sight
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """`prompt_tokens` token ids drawn from the prompt's text (equal prompts, equal ids)."""
-        seed = int.from_bytes(hashlib.sha256(b"ids" + prompt.encode()).digest()[:8], "little")
-        return np.random.default_rng(seed).integers(3, self.vocab, self.settings.prompt_tokens).tolist()
+        return stand_in_prompt_ids(prompt, self.vocab, self.settings)
 
     def __call__(self, dataloader_iter, num_prompts: int, dynamic_filtering=False, **generate_kwargs):
         from openrlhf.trainer.ppo_utils.samples_generator import _collect_prompt_batch

@@ -90,8 +90,8 @@ class AsyncReplayExperienceMaker(ReplayExperienceMaker):
     recorded_versions = True
     generation_versions: np.ndarray | None = None  # (n_samples,) int64, in the step's sample order
 
-    def fresh_rollouts(self, fresh, kl_coef: float):
-        rollouts = super().fresh_rollouts(fresh, kl_coef)  # group ids from the step: unique per step
+    def fresh_rollouts(self, fresh, kl_coef: float, token_rewards=None):
+        rollouts = super().fresh_rollouts(fresh, kl_coef, token_rewards)  # group ids from the step: unique per step
         rows = np.concatenate([np.asarray(exp.index, np.int64) for exp in fresh])  # sample of each row
         versions = self.generation_versions[rows]
         set_row_flags(fresh, AGE_KEY, self.step - versions)  # the actors log the rows' ages

@@ -135,14 +135,18 @@ def test_minimal_detectable_effect_follows_the_t_formula():
 
 
 def test_to_match_interval_brackets_the_ratio_and_reports_never_as_none():
-    base = [make_run("none", s, [0.1, 0.2, 0.3, 0.4]) for s in (1, 2, 3, 4)]
-    fast = [make_run("advantage", s, [0.1, 0.4, 0.4, 0.4]) for s in (1, 2, 3, 4)]
-    assert sa.to_match_interval(fast, base, 1.0, "rollouts") == pytest.approx([1 / 3, 1 / 3])  # no spread
-    # two seeds reach GRPO's level at step 2, two never: the interval spans 1/3 to "never"
-    mixed = fast[:2] + [make_run("advantage", s, [0.1, 0.2, 0.2, 0.2]) for s in (3, 4)]
-    lo, hi = sa.to_match_interval(mixed, base, 1.0, "rollouts")
+    seeds = range(1, 7)  # 6 seeds: a percentile-bootstrap 95% interval
+    base = [make_run("none", s, [0.1, 0.2, 0.3, 0.4]) for s in seeds]
+    fast = [make_run("advantage", s, [0.1, 0.4, 0.4, 0.4]) for s in seeds]
+    interval, kind = sa.to_match_interval(fast, base, 1.0, "rollouts")
+    assert interval == pytest.approx([1 / 3, 1 / 3]) and kind == "95% percentile bootstrap"  # no spread
+    # three seeds reach GRPO's level at step 2, three never: the interval spans 1/3 to "never"
+    mixed = fast[:3] + [make_run("advantage", s, [0.1, 0.2, 0.2, 0.2]) for s in (4, 5, 6)]
+    (lo, hi), _ = sa.to_match_interval(mixed, base, 1.0, "rollouts")
     assert lo == pytest.approx(1 / 3) and hi is None
-    assert sa.to_match_interval(base, base, 1.0, "compute_units") == pytest.approx([1.0, 1.0])
+    # below 6 seeds: each seed's own ratio, as [min, max], and called so
+    assert sa.to_match_interval(mixed[2:4], base, 1.0, "rollouts") == ([pytest.approx(1 / 3), None], "min-max")
+    assert sa.to_match_interval(base, base, 1.0, "compute_units")[0] == pytest.approx([1.0, 1.0])
 
 
 @pytest.mark.parametrize("diffs, p", [
@@ -170,7 +174,8 @@ def test_paired_difference_uses_common_seeds_only():
     d = sa.paired_difference(a, b)
     assert d["n"] == 3 and d["seeds"] == [1, 2, 3]
     assert d["diffs"] == pytest.approx([0.1, 0.2, 0.3]) and d["median"] == pytest.approx(0.2)
-    assert 0.1 - 1e-9 <= d["ci95"][0] <= d["ci95"][1] <= 0.3 + 1e-9
+    # 3 seeds: the interval is their [min, max], and called so (a 95% interval needs 6)
+    assert d["interval"] == pytest.approx([0.1, 0.3]) and d["interval_kind"] == "min-max"
     assert d["p"] == pytest.approx(0.25) and d["sign_p"] == pytest.approx(0.25)
     assert not d["resolved"] and sa.verdict(d) == "not resolved"  # 3 seeds cannot reach p < 0.05
 
@@ -179,17 +184,18 @@ def test_paired_difference_resolved_at_8_seeds_each_way():
     base = {s: 0.5 for s in range(1, 9)}
     better = {s: 0.5 + 0.01 * s for s in range(1, 9)}
     up = sa.paired_difference(better, base)
-    assert up["p"] == pytest.approx(2 / 256) and up["ci95"][0] > 0
+    assert up["p"] == pytest.approx(2 / 256) and up["interval"][0] > 0
+    assert up["interval_kind"] == "95% percentile bootstrap"
     assert up["resolved"] and sa.verdict(up) == "resolved: A higher"
     down = sa.paired_difference(base, better)
-    assert down["resolved"] and down["ci95"][1] < 0 and sa.verdict(down) == "resolved: A lower"
+    assert down["resolved"] and down["interval"][1] < 0 and sa.verdict(down) == "resolved: A lower"
 
 
 def test_paired_difference_mixed_signs_is_not_resolved():
     a = {s: v for s, v in enumerate([0.52, 0.47, 0.55, 0.49, 0.51, 0.46, 0.53, 0.50], start=1)}
     b = {s: 0.50 for s in a}
     d = sa.paired_difference(a, b)
-    assert d["ci95"][0] < 0 < d["ci95"][1] and d["p"] > 0.05 and not d["resolved"]
+    assert d["interval"][0] < 0 < d["interval"][1] and d["p"] > 0.05 and not d["resolved"]
     assert d["sign_p"] == pytest.approx(1.0)  # 3 below, 3 above, one tie dropped
     with pytest.raises(ValueError, match="no seed in common"):
         sa.paired_difference({1: 0.1}, {2: 0.2})
@@ -225,10 +231,24 @@ def test_summarize_end_to_end():
     assert "advantage_vs_uniform" not in summary["pairs"]  # uniform did not run
     assert pair["final_acc_greedy"]["diffs"] == pytest.approx([0.0, 0.1, -0.1])  # greedy = sampled + 0.1 here
     assert pair["final_acc"]["mde"] == pytest.approx(sa.minimal_detectable_effect([0.0, 0.1, -0.1]))
-    assert adv["rollouts_to_match_ci95"][0] <= 0.5 and none["rollouts_to_match_ci95"] == [1.0, 1.0]
+    # 3 seeds: each seed's own ratio (0.5, 0.5, never), as [min, max]
+    assert adv["rollouts_to_match_interval"] == [0.5, None] and adv["rollouts_to_match_interval_kind"] == "min-max"
+    assert none["rollouts_to_match_interval"] == [1.0, 1.0]
     # GRPO: 0.2 -> 0.4 in every seed; the control did not run
     assert summary["grpo_gain"]["median"] == pytest.approx(0.2) and summary["grpo_gain"]["n"] == 3
     assert summary["positive_control"] is None
+
+
+def test_to_match_takes_its_point_estimate_and_interval_on_the_same_seeds():
+    """A condition run at 3 seeds is matched against GRPO's 3 runs of those seeds, not all 8: here
+    GRPO's seeds 4-8 learn far slower, which would halve the ratio if they entered the estimate."""
+    runs = [make_run("none", s, [0.2, 0.3, 0.4]) for s in (1, 2, 3)]
+    runs += [make_run("none", s, [0.2, 0.2, 0.25]) for s in range(4, 9)]
+    runs += [make_run("naive", s, [0.2, 0.3, 0.4]) for s in (1, 2, 3)]
+    naive = sa.summarize(runs)["conditions"]["naive"]
+    assert naive["rollouts_to_match_ratio"] == pytest.approx(1.0)  # as fast as GRPO on its own seeds
+    lo, hi = naive["rollouts_to_match_interval"]
+    assert lo <= naive["rollouts_to_match_ratio"] <= hi
 
 
 def test_summarize_reports_the_positive_control():
@@ -262,6 +282,11 @@ def test_step_record_counts_updates_and_trained_tokens():
     replay = se.step_record({**STATUS, "response_length": 7.0, "replay/replayed": 64.0,
                              "replay/response_length_replay": 9.0}, a)
     assert replay["optimizer_steps"] == 3 and replay["train_tokens"] == 128 * 7.0 + 64 * 9.0
+    # RLEP: 40 replayed rows completed by 24 inert ones to a whole training batch of 64, which is an
+    # optimizer step (the ranks log 3); the inert rows train no token
+    rlep = se.step_record({**STATUS, "replay/replayed": 40.0, "replay/inert_rows": 24.0,
+                           "replay/response_length_replay": 9.0}, a, "success")
+    assert rlep["optimizer_steps"] == 3 and rlep["train_tokens"] == 128 * 7.0 + 40 * 9.0
     # without upstream's sample count, a run counts its own condition's rollouts (the control takes half)
     bare = {k: v for k, v in STATUS.items() if k != "rollout/num_samples"}
     assert se.step_record(bare, a, "none_half_prompts")["fresh_rollouts"] == 64

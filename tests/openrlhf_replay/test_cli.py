@@ -38,7 +38,10 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (["--algo.advantage.estimator", "gae"], "needs a critic"),
+    # a critic whose ranks (upstream's default 8) do not divide the policy's (1)
+    (["--algo.advantage.estimator", "gae"], "do not divide the policy actor's 1"),
+    (["--replay.mode", "success", "--algo.advantage.estimator", "gae", "--critic.num_gpus_per_node", "1"],
+     "recomputes group advantages"),
     (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz", "--algo.kl.init_coef", "0.001",
       "--algo.kl.use_loss"], "holds no reference log-probs"),
@@ -80,6 +83,11 @@ def test_a_valid_replay_configuration_passes(make_args):
                                        "--algo.kl.use_loss", "--algo.kl.estimator", "k3")) == []
     # dynamic batching: the actor packs replayed rows with the fresh (trainer/ray/dynamic_batch.py)
     assert replay_arg_errors(make_args("--replay.mode", "advantage", "--train.dynamic_batch_enable")) == []
+    # a critic (gae): replayed rows' advantages are recomputed against it; groups of one, as PPO's
+    for n in ("4", "1"):
+        assert replay_arg_errors(make_args("--replay.mode", "advantage", "--algo.advantage.estimator", "gae",
+                                           "--critic.num_gpus_per_node", "1", "--rollout.n_samples_per_prompt", n,
+                                           "--algo.kl.init_coef", "0.01")) == []
     # replay off: nothing is checked, upstream's own rules apply
     assert replay_arg_errors(make_args("--algo.advantage.estimator", "gae")) == []
 
@@ -97,7 +105,7 @@ def test_cli_refuses_before_ray_starts():
                        "--algo.advantage.estimator", "gae", "--actor.num_gpus_per_node", "1")
     assert proc.returncode != 0
     assert "cannot run replay with these arguments" in proc.stderr
-    assert "needs a critic" in proc.stderr
+    assert "the critic's 8 data-parallel ranks" in proc.stderr
     assert "ray.init" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
 
 
@@ -122,6 +130,8 @@ def test_launcher_states_the_replay_count_it_will_run(make_args):
     assert ("up to 2 successes of each of the 8 prompts (min of that and its stored successes) join its group of 4 "
             "after step 20, from the in-run pool") in describe_replay(success)
     assert "(at most 16 rows); pi_old of replayed rows: recompute" in describe_replay(success)
+    offline = make_args("--replay.mode", "success", "--replay.success_pool", "pool.npz")
+    assert "join its group of 4 from the first step, from the offline pool pool.npz (no warm-up" in describe_replay(offline)
     # RLEP's count is never cut to whole batches: one success per prompt still replays
     odd = make_args("--replay.mode", "success", "--replay.per_prompt", "1", "--train.batch_size", "32")
     assert replay_arg_errors(odd) == [] and replay_per_step(ReplayConfig.from_namespace(odd), odd) == 32

@@ -9,6 +9,7 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ray.launcher import RayActorGroup
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
 
 from openrlhf_replay import OPENRLHF_VERSION
 from openrlhf_replay.utils import undecorated
@@ -32,6 +33,12 @@ SEAMS = [
     (PolicyLoss.forward, ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
                           "dp_size", "batch_num_tokens", "global_batch_size"]),
     (RayActorGroup.async_run_method_batch, ["self", "method_name", "kwargs"]),
+    # PPO with a critic (trainer/ppo_utils/critic.py, trainer/ray/ppo_critic.py)
+    (RemoteExperienceMaker.get_advantages_and_returns, ["self", "values", "rewards", "action_mask", "gamma", "lambd"]),
+    (CriticPPOTrainer.training_step, ["self", "experience", "step", "loss_batch_info"]),
+    (undecorated(CriticModelActor).init_model_from_pretrained, ["self", "strategy", "pretrain", "max_steps"]),
+    (undecorated(CriticModelActor).append, ["self", "experience"]),
+    (undecorated(CriticModelActor).fit, ["self"]),
 ]
 
 
@@ -53,6 +60,7 @@ def test_sources_still_have_the_assumptions_the_seams_make():
     assert "args = parser.parse_args()" in src and "args = hierarchize(args)" in src
     assert "from openrlhf.trainer.ppo_trainer import PPOTrainer" in inspect.getsource(cli.train)
     assert "PolicyModelActor," in inspect.getsource(cli.train)
+    assert "CriticModelActor," in inspect.getsource(cli.train)  # bound from its module when the CLI runs
     # the experience maker is built in BasePPOTrainer.__init__ and used by train_step
     assert "self.experience_maker = RemoteExperienceMaker(" in inspect.getsource(BasePPOTrainer.__init__)
     assert "self.experience_maker.make_experience_batch(rollout_samples)" in inspect.getsource(BasePPOTrainer.train_step)

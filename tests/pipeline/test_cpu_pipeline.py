@@ -8,12 +8,15 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
   whole batches by the launch policy), checked from the ranks' own reports; final HF model; a
   cosine LR schedule whose warm-up spans the first replayed step; KL as a loss (k3, a reference
   model), so replayed rows train with their stored reference log-probs; dynamic batching
-  (token-budget micro-batches, replayed rows packed as fresh ones);
+  (token-budget micro-batches, replayed rows packed as fresh ones); PPO with a critic (`gae`, the
+  tiny model as critic, one rank), so replayed rows get the current critic's values and GAE
+  advantages, and the critic trains on them; its batches dumped (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`);
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
-  tiny model (the seed checkpoint), one rank, warm-up 1; the first replayed step's batch is dumped
-  (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`) and checked against the weights saved after step 1; a cosine
+  tiny model (the seed checkpoint), one rank, replaying from step 1 (an offline pool has no
+  warm-up, whatever --replay.warmup says); each step's batch is dumped and the second's
+  (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`) checked against the weights saved after step 1; a cosine
   LR schedule that decays to 0 over the run.
 
 Resuming from a checkpoint (the buffer restored as saved, the step counter going on) is tested
@@ -75,6 +78,9 @@ KL_LOSS = ["--algo.kl.init_coef", "0.001", "--algo.kl.use_loss", "--algo.kl.esti
 # Dynamic batching (upstream packs the samples; sdpa on CPU): rows of ~75 tokens, two to a budget of
 # 160, so a rank's 4-row share of a training batch of 8 trains as 2 micro-batches, replayed rows too.
 DYNAMIC_BATCH = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "160"]
+# PPO with a critic: the tiny model with a value head, one rank (it divides the policy's two), a
+# large step so its values move between steps.
+CRITIC = ["--algo.advantage.estimator", "gae", "--critic.num_gpus_per_node", "1", "--critic.adam.lr", "1e-3"]
 
 
 def _prompts(path: Path, n: int = 32) -> list[str]:
@@ -118,7 +124,8 @@ def runs(tmp_path_factory):
     base = ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl")]
     control = _run(tmp, "control", base + ["--replay.mode", "none", "--train.num_episodes", "1"],
                    env_extra={"OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD": "1"})
-    replay = _run(tmp, "replay", _two_rank_argv(tmp, model))
+    replay = _run(tmp, "replay", _two_rank_argv(tmp, model),
+                  env_extra={"OPENRLHF_REPLAY_DEBUG_DUMP_DIR": str(tmp / "replay" / "dump")})
     rlep = _run(tmp, "rlep", _rlep_argv(tmp, model, _build_pool(tmp, model)),
                 env_extra={"OPENRLHF_REPLAY_DEBUG_DUMP_DIR": str(tmp / "rlep" / "dump")})
     runs = {"replay": replay, "control": control, "rlep": rlep}
@@ -136,7 +143,8 @@ def _two_rank_argv(tmp: Path, model: Path) -> list[str]:
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data),
             "--data.max_samples", str(whole_batches(count_rows(str(data)), 4)),
             "--actor.num_gpus_per_node", "2", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
-            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS, *DYNAMIC_BATCH]
+            "--ckpt.path", str(tmp / "replay_ckpt"), *REPLAY, *REPLAY_LR, *KL_LOSS, *DYNAMIC_BATCH,
+            *CRITIC, "--critic.model_name_or_path", str(model)]
 
 
 def _build_pool(tmp: Path, model: Path) -> Path:
@@ -153,7 +161,8 @@ def _build_pool(tmp: Path, model: Path) -> Path:
 
 
 def _rlep_argv(tmp: Path, model: Path, pool: Path) -> list[str]:
-    """RLEP with the offline pool, one rank, one episode (2 steps), warm-up 1; the weights after step 1
+    """RLEP with the offline pool, one rank, one episode (2 steps), warm-up 1 (not applied to an
+    offline pool); the weights after step 1
     saved as an HF model, so the test can compute the current policy's log-probs of step 2. Training
     batches of 16: at most 4 x 2 replayed rows, so inert rows always complete the batch."""
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl"),
@@ -257,6 +266,56 @@ def test_two_ranks_train_alike_across_an_episode_boundary(runs):
     assert len(set(low.values())) == 4  # the weights did change each step: the checksum sees it
 
 
+def test_the_critic_trains_on_replayed_rows_too(runs):
+    """The critic group receives the same rows as the policy actors, replayed ones included, and
+    every one reached its loss (its single rank packs them all under dynamic batching); its loss is
+    finite and it takes the policy's optimizer steps."""
+    run = runs["replay"]
+    assert _by_step(run, "replay/critic_trained_rows_fresh") == {1: 16, 2: 16, 3: 16, 4: 16}
+    assert _by_step(run, "replay/critic_trained_rows_replayed") == _by_step(run, "replay/replayed")
+    low, high = (_by_step(run, f"replay/rank_critic_optimizer_steps_{m}") for m in ("min", "max"))
+    assert low == high == {1: 2, 2: 3, 3: 3, 4: 3}  # batches of 8: (16 fresh + 8 replayed) / 8
+    losses = _by_step(run, "critic_loss")
+    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values()), losses
+
+
+def test_replayed_rows_get_the_current_critics_values(runs):
+    """A causal critic's value at a row's first action column sees the prompt only. So a replayed
+    row's value there equals the value the critic gives the step's fresh rows of the same prompt
+    (the second episode revisits the first's prompts), and differs from the value its own
+    rollout had when fresh, steps before: its values are the current critic's, not stored ones.
+    Values, returns and advantages are finite."""
+    run = runs["replay"]
+    dumps = {int(p.stem[len("step"):]): json.loads(p.read_text()) for p in (run["dir"] / "dump").glob("step*.json")}
+    assert sorted(dumps) == [1, 2, 3]  # the steps that replay (counted from 0)
+
+    def first(row):
+        return row["action_mask"].index(True)
+
+    same_prompt = moved = 0
+    seen: dict[tuple, list[float]] = {}  # a sequence's values when it was fresh
+    for step in sorted(dumps):
+        rows = dumps[step]["rows"]
+        fresh = {}
+        for r in rows:
+            if not r["replayed"]:
+                fresh.setdefault(_prompt_of(r), []).append(r["values"][first(r)])
+        for r in rows:
+            assert all(math.isfinite(x) for x in r["values"] + r["returns"] + [r["advantage"]]), r
+            if not r["replayed"]:
+                continue
+            value = r["values"][first(r)]
+            if _prompt_of(r) in fresh:
+                same_prompt += 1
+                assert all(abs(v - value) < 1e-4 for v in fresh[_prompt_of(r)]), (step, value, fresh[_prompt_of(r)])
+            then = seen.get(tuple(r["sequence"]))
+            if then is not None:
+                moved += 1
+                assert abs(then[first(r)] - value) > 1e-3, (step, then[first(r)], value)
+        seen.update({tuple(r["sequence"]): r["values"] for r in rows if not r["replayed"]})
+    assert same_prompt >= 1 and moved >= 1, (same_prompt, moved)
+
+
 def _grpo_lrs(schedule: str, max_steps: int, fresh_steps: int, warmup_ratio: float = 0.0) -> dict[int, float]:
     """The `actor_lr` GRPO logs after each rollout step: the LR after its last optimizer step, from
     the scheduler `DeepspeedStrategy.prepare` builds (sized by `get_max_steps`), stepped once per
@@ -287,8 +346,8 @@ def test_a_decaying_lr_follows_rollout_steps_whatever_replay_adds(runs):
     grpo = _grpo_lrs("cosine_with_min_lr", 8, 2, warmup_ratio=0.5)  # 8 fresh steps, 2 a rollout step
     assert grpo[2] == 1e-3 and grpo[4] == pytest.approx(1e-4)  # the warm-up ends after step 2; 10 % at the end
     assert _by_step(replay, "actor_lr") == pytest.approx(grpo, rel=1e-6)  # float32 in TensorBoard
-    # RLEP: one fresh optimizer step a rollout step; step 2 also trains its replayed and inert rows.
-    assert _by_step(rlep, "replay/rank_optimizer_steps_max") == {1: 1, 2: 2}
+    # RLEP: one fresh optimizer step a rollout step, and one of its replayed and inert rows.
+    assert _by_step(rlep, "replay/rank_optimizer_steps_max") == {1: 2, 2: 2}
     assert _by_step(rlep, "actor_lr") == pytest.approx(_grpo_lrs("cosine", 2, 1)) == {1: 5e-4, 2: 0.0}
 
 
@@ -299,12 +358,12 @@ def test_mode_none_runs_the_plain_pipeline(runs):
     assert (control["dir"] / "final" / "model.safetensors").is_file()
 
 
-def _first_replayed_step(run) -> dict:
-    """The batch of the run's only replaying step (logged step 2; the buffer counts from 0), as
+def _second_step(run) -> dict:
+    """The batch of logged step 2 (the buffer counts from 0), the run's second replaying step, as
     the experience maker dumped it (`openrlhf_replay/trainer/ppo_utils/debug_dump.py`)."""
     dumps = sorted((run["dir"] / "dump").glob("step*.json"))
-    assert [d.name for d in dumps] == ["step1.json"], dumps
-    return json.loads(dumps[0].read_text())
+    assert [d.name for d in dumps] == ["step0.json", "step1.json"], dumps  # an offline pool: no warm-up
+    return json.loads(dumps[1].read_text())
 
 
 def _log_probs(model, sequence: list[int]) -> np.ndarray:
@@ -321,10 +380,11 @@ def _prompt_of(row: dict) -> tuple:
     return tuple(row["sequence"][: row["action_mask"].index(True) + 1])
 
 
-def test_rlep_replays_the_offline_pool_from_the_first_step_after_warmup(runs):
-    """Step 2 draws new prompts, which the in-run pool could not have: the offline pool gives
-    each min(M = 2, its successes in the pool); the pool stays as built (the run's own successes
-    stay out); inert rows complete the last training batch."""
+def test_rlep_replays_the_offline_pool_from_the_first_step(runs):
+    """An offline pool replays from step 1 (the run's --replay.warmup 1 is for pools that fill
+    during the run). Step 2 draws new prompts, which the in-run pool could not have: the offline
+    pool gives each min(M = 2, its successes in the pool); the pool stays as built (the run's own
+    successes stay out); inert rows complete the last training batch."""
     from openrlhf_replay.trainer.ppo_utils.experience import prompt_uid
     from replay.pool import load_pool
 
@@ -332,9 +392,9 @@ def test_rlep_replays_the_offline_pool_from_the_first_step_after_warmup(runs):
     pool = load_pool(run["dir"].parent / "pool.npz")
     assert "from the offline pool" in run["log"]
     replayed, size = _by_step(run, "replay/replayed"), _by_step(run, "replay/size")
-    assert replayed[1] == 0 and replayed[2] > 0  # warm-up 1: the first step after it replays
+    assert replayed[1] > 0 and replayed[2] > 0
     assert set(size.values()) == {len(pool.rollouts)}
-    dump = _first_replayed_step(run)
+    dump = _second_step(run)
     rows = [r for r in dump["rows"] if r["replayed"] and not r["inert"]]
     step_prompts = {_prompt_of(r) for r in dump["rows"] if not r["replayed"]}
     per_prompt = pool.successes_per_prompt()
@@ -347,7 +407,7 @@ def test_rlep_replays_the_offline_pool_from_the_first_step_after_warmup(runs):
     # Inert rows reach the actors, flagged, and train nothing: the loss stays finite, two whole
     # optimizer steps of 16 rows (16 fresh + replayed + inert).
     assert _by_step(run, "replay/is_inert")[2] == pytest.approx(dump["inert"] / 32)
-    assert _by_step(run, "replay/rank_optimizer_steps_max") == {1: 1, 2: 2}
+    assert _by_step(run, "replay/rank_optimizer_steps_max") == {1: 2, 2: 2}
     assert all(math.isfinite(v) for v in _by_step(run, "policy_loss").values())
 
 
@@ -363,7 +423,7 @@ def test_rlep_recomputes_pi_old_of_replayed_rows_and_keeps_grpo_elsewhere(runs):
     from replay import group_normalise
 
     run = runs["rlep"]
-    dump = _first_replayed_step(run)
+    dump = _second_step(run)
     # The weights step 2 trains from: saved after step 1, in the run's compute dtype.
     current = AutoModelForCausalLM.from_pretrained(run["dir"].parent / "rlep_ckpt" / "global_step1_hf", dtype="auto")
     rows = [r for r in dump["rows"] if not r["inert"]]

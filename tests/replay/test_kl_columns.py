@@ -1,4 +1,4 @@
-"""The optional per-token KL columns (docs/METHOD.md section 2, "KL"): carried by every batch
+"""The optional per-token columns (docs/METHOD.md section 2, "KL" and "A critic"): carried by every batch
 operation and the store, counted in bytes only when held, round-tripped by checkpoints, and a
 resume under other KL settings refused."""
 import numpy as np
@@ -9,7 +9,7 @@ from replay.record import refusals
 from replay.store import RolloutStore
 from replay.testing import random_batch
 
-COLUMNS = ("token_advantages", "ref_logprobs")
+COLUMNS = ("token_advantages", "ref_logprobs", "token_rewards")
 
 
 def with_columns(batch: RolloutBatch, rng, columns=COLUMNS) -> RolloutBatch:
@@ -75,12 +75,16 @@ def test_non_finite_kl_values_are_refused_under_the_mask():
     adv, ref = batch.token_advantages.copy(), batch.ref_logprobs.copy()
     adv[batch.response_offsets[1]] = np.nan  # rollout 1
     ref[batch.response_offsets[2]] = -np.inf  # rollout 2
-    ok, counts = refusals(batch.replace(token_advantages=adv, ref_logprobs=ref))
-    assert ok.tolist() == [True, False, False, True]
+    rewards = batch.token_rewards.copy()
+    rewards[batch.response_offsets[3]] = np.inf  # rollout 3: a critic's per-token reward
+    ok, counts = refusals(batch.replace(token_advantages=adv, ref_logprobs=ref, token_rewards=rewards))
+    assert ok.tolist() == [True, False, False, False]
     assert counts["non_finite_advantage"] == 1 and counts["non_finite_logprob"] == 1
+    assert counts["non_finite_reward"] == 1
 
 
-@pytest.mark.parametrize("columns", [("token_advantages",), ("ref_logprobs",)])
+@pytest.mark.parametrize("columns", [("token_advantages",), ("ref_logprobs",), ("token_rewards",),
+                                     ("ref_logprobs", "token_rewards")])  # a critic, with KL as a loss
 def test_checkpoints_round_trip_the_columns_and_refuse_other_kl_settings(tmp_path, columns):
     rng = np.random.default_rng(4)
     config = ReplayConfig(mode="advantage", warmup=0)
@@ -92,10 +96,11 @@ def test_checkpoints_round_trip_the_columns_and_refuse_other_kl_settings(tmp_pat
     back = ReplayBuffer.load(path, config, columns)
     a, b = (x.store.gather(np.arange(len(x))) for x in (buf, back))
     assert len(b) == len(a) > 0
-    assert np.array_equal(getattr(a, columns[0]), getattr(b, columns[0]))
+    for column in columns:
+        assert np.array_equal(getattr(a, column), getattr(b, column))
     other = ("ref_logprobs",) if columns == ("token_advantages",) else ("token_advantages",)
     for settings in ((), other):
-        with pytest.raises(ReplayCheckpointError, match=r"per-token KL columns .*--algo\.kl\.init_coef"):
+        with pytest.raises(ReplayCheckpointError, match=r"per-token KL columns .*--algo\.advantage\.estimator"):
             ReplayBuffer.load(path, config, settings)
 
 

@@ -135,18 +135,22 @@ def test_pool_of_another_tokenizer_or_prompt_set_is_refused():
     assert "another prompt set: 2 of the run's 3 training prompts were never decoded" in prompts
 
 
-def test_buffer_replays_the_pool_from_the_first_step_after_warmup_and_keeps_it_fixed(tmp_path):
+def test_buffer_replays_the_pool_from_the_first_step_whatever_the_warmup_and_keeps_it_fixed(tmp_path):
     path = tmp_path / "pool.npz"
     save_pool(path, _pool())
-    buf = ReplayBuffer(ReplayConfig(mode="success", warmup=1, per_prompt=2, success_pool=str(path)))
+    buf = ReplayBuffer(ReplayConfig(mode="success", warmup=20, per_prompt=2, success_pool=str(path)))
     assert len(buf) == 6 and buf.store.view().versions.tolist() == [POOL_VERSION] * 6
     rng = np.random.default_rng(3)
     fresh = random_batch(rng, 2, 4, 0).replace(prompt_uids=np.repeat(np.array([100, 101]), 4),
                                                 rewards=np.tile(np.array([1, 0, 0, 1], np.float32), 2))
-    assert len(buf.step(fresh, 0, multiple_of=4).replayed) == 0  # warm-up
-    comp = buf.step(fresh.replace(versions=np.ones(8, np.int64)), 1, multiple_of=4)
-    assert collections.Counter(comp.replayed.prompt_uids.tolist()) == {100: 2, 101: 2} and comp.inert == 0
+    for step in (0, 1):  # the warm-up of 20 steps is for pools that fill during the run
+        comp = buf.step(fresh.replace(versions=np.full(8, step, np.int64)), step, multiple_of=4)
+        assert collections.Counter(comp.replayed.prompt_uids.tolist()) == {100: 2, 101: 2} and comp.inert == 0
     assert len(buf) == 6  # the run's own successes stay out of an offline pool
+    in_run = ReplayBuffer(ReplayConfig(mode="success", warmup=20, per_prompt=2))
+    in_run.step(fresh, 0, multiple_of=4)  # stores the step's successes of prompts 100 and 101
+    assert len(in_run) == 4 and len(in_run.step(fresh.replace(versions=np.ones(8, np.int64)), 1, multiple_of=4).replayed) == 0
+    # ... which the in-run pool does not replay before its warm-up ends
     with pytest.raises(ValueError, match="more than replay.capacity 5: pass --replay.capacity 6"):
         ReplayBuffer(ReplayConfig(mode="success", capacity=5, success_pool=str(path)))
 

@@ -83,8 +83,10 @@ def test_every_shape_runs_every_step_with_balanced_ranks(subset_runs, script):
         # The same rollouts at every shape: the same optimizer steps, none cut short or carried over.
         assert shape["optimizer_steps_per_rank"][0] == total
         assert set(shape["rows_dropped_per_rank"]) == {0} and set(shape["micro_batches_carried_at_end"]) == {0}
-    # A resume of the whole controller from the first checkpoint after the replay warm-up (6).
-    assert report["checkpoints"] == [5, 10, 15] and report["resumed_at"] == (10 if script != "train_grpo" else 5)
+    # A resume of the whole controller from the first checkpoint after the replay warm-up (6; RLEP's
+    # offline pool has none).
+    assert report["checkpoints"] == [5, 10, 15]
+    assert report["resumed_at"] == (5 if script in ("train_grpo", "train_grpo_success_replay") else 10)
 
 
 def test_every_condition_replays_what_its_configuration_says(subset_runs):
@@ -96,13 +98,15 @@ def test_every_condition_replays_what_its_configuration_says(subset_runs):
         assert (replayed["min"], replayed["max"], replayed["steps_with_replay"]) == (512, 512, after), script
     assert subset_runs["train_grpo"][0]["replayed_per_step"]["steps_after_warmup"] == 0
     success, log = subset_runs["train_grpo_success_replay"]
-    # RLEP: min(2, its stored successes) of each of the step's 128 prompts, so at most 256, on every
-    # step here (each is past its prompts' first epoch, and at a solve rate of 0.4 some have successes)
+    # RLEP, by default from the offline pool (here the rehearsal's stand-in for it, the GRPO run not
+    # being trained yet): min(2, its pooled successes) of each of the step's 128 prompts, so at most
+    # 256, from the first step (an offline pool has no warm-up)
     replayed = success["replayed_per_step"]
-    assert 0 < replayed["min"] <= replayed["max"] <= 256 and replayed["steps_with_replay"] == after, replayed
-    assert "up to 2 successes of each of the 128 prompts" in log  # the launch says so
+    assert 0 < replayed["min"] <= replayed["max"] <= 256 and replayed["steps_with_replay"] == STEPS, replayed
+    assert "is not built yet: rehearsing with a stand-in pool of" in log
+    assert "up to 2 successes of each of the 128 prompts" in log and "from the first step, from the offline pool" in log
     assert "pi_old of replayed rows: recompute" in log
-    assert success["replay_age"]["max"] >= STEPS_PER_EPISODE  # successes outlive an epoch: no age limit
+    assert success["replay_age"]["max"] == STEPS  # pool rollouts (version -1) are never evicted
 
 
 def test_every_condition_warms_up_over_the_same_rollout_steps(subset_runs):
@@ -175,16 +179,16 @@ def test_the_report_gives_each_steps_replay_and_optimizer_steps(subset_runs, scr
     assert report["optimizer_steps_per_step"]["mean"] == pytest.approx(per_rank / STEPS)
 
 
-def test_rlep_replays_on_nine_in_ten_steps_once_the_pool_holds_successes_of_their_prompts(subset_runs):
-    """A step counts when it is after the replay warm-up and, as it draws, the pool holds at least
-    one verified success of one of the step's prompts (the report's `candidates` >= 1: the success
-    sampler's count of such rollouts); it replays when it trains on at least one of them."""
+def test_rlep_replays_on_nine_in_ten_of_all_steps_with_its_default_offline_pool(subset_runs):
+    """A step replays when it trains on at least one pooled success; with the offline pool (the
+    script's default) that holds from the first step, warm-up or not. The report's `candidates`
+    (the success sampler's count of pooled successes of the step's prompts) says why a step that
+    does not replay could not."""
     report = subset_runs["train_grpo_success_replay"][0]
     replayed = report["replayed_per_step"]
-    steps = [i for i, c in enumerate(replayed["candidates"]) if i >= WARMUP and c >= 1]
-    replaying = [i for i in steps if replayed["counts"][i] > 0]
-    assert len(steps) >= STEPS - WARMUP - 2  # every step here is past its prompts' first epoch
-    assert len(replaying) >= 0.9 * len(steps), (replayed["counts"], replayed["candidates"])
+    replaying = [i for i in range(STEPS) if replayed["counts"][i] > 0]
+    assert len(replaying) >= 0.9 * STEPS, (replayed["counts"], replayed["candidates"])
+    steps = [i for i, c in enumerate(replayed["candidates"]) if c >= 1]
     assert replayed["when_pool_has_candidates"] == {"steps": len(steps), "steps_with_replay": len(replaying),
                                                     "share": round(len(replaying) / len(steps), 4)}
 

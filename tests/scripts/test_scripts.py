@@ -216,7 +216,15 @@ def _training_argv(stub, script: str) -> list[str]:
     return command
 
 
+def _default_pool(stub) -> Path:
+    """Where RLEP's script reads its offline pool by default (build_success_pool.sh writes it)."""
+    return Path(stub()["RUNS_DIR"]) / "Qwen3-1.7B-Base/success_pool_seed42.npz"
+
+
 def test_every_condition_shares_the_baseline_settings(stub):
+    pool = _default_pool(stub)
+    pool.parent.mkdir(parents=True)
+    pool.touch()  # the script checks that it exists; the launcher (not run here) that it is a pool
     commands = {script: _training_argv(stub, script) for script in TRAINING}
     baseline = commands["train_grpo"]
     assert baseline[:2] == ["-m", "openrlhf.cli.train_ppo_ray"]
@@ -248,6 +256,38 @@ def test_every_condition_shares_the_baseline_settings(stub):
     assert modes == {"train_grpo_replay": ["advantage"], "train_grpo_naive_replay": ["naive"],
                      "train_grpo_uniform_replay": ["uniform"], "train_grpo_freshness_replay": ["freshness"],
                      "train_grpo_success_replay": ["success"]}
+    assert _flags(commands["train_grpo_success_replay"])["--replay.success_pool"] == [str(pool)]
+
+
+def test_rlep_replays_the_grpo_runs_pool_by_default_and_says_how_to_build_it(stub):
+    proc = _run("train_grpo_success_replay", stub())
+    assert proc.returncode != 0 and stub.calls() == []  # stopped before anything ran
+    assert f"no success pool at {_default_pool(stub)}" in proc.stderr
+    assert "run train_grpo.sh (to step 60 at least), then build_success_pool.sh" in proc.stderr
+    assert "SUCCESS_POOL=in-run" in proc.stderr
+    in_run = _run("train_grpo_success_replay", stub(SUCCESS_POOL="in-run"))
+    assert in_run.returncode == 0, in_run.stderr
+    assert "--replay.success_pool" not in stub.calls()[1]  # the in-run pool, named explicitly
+
+
+def test_the_pool_script_decodes_the_grpo_checkpoint_after_one_epoch(stub):
+    # 7,424 prompts / 128 = 58 steps an epoch; a checkpoint every 20 steps: the first after it is 60
+    checkpoint = Path(stub()["RUNS_DIR"]) / "Qwen3-1.7B-Base/grpo_seed42/ckpt/global_step60_hf"
+    missing = _run("build_success_pool", stub())
+    assert missing.returncode != 0 and f"no seed checkpoint at {checkpoint}" in missing.stderr
+    checkpoint.mkdir(parents=True)
+    proc = _run("build_success_pool", stub())
+    assert proc.returncode == 0, proc.stderr
+    [argv] = stub.calls()
+    flags = _flags(argv)
+    assert argv[:2] == ["-m", "openrlhf_replay.cli.build_success_pool"]
+    assert flags["--model"] == [str(checkpoint)] and flags["--out"] == [str(_default_pool(stub))]
+    train = _flags(_training_argv(stub, "train_grpo"))  # decoded as GRPO trains: prompts, template, lengths
+    assert flags["--prompts"] == train["--data.prompt_dataset"] and flags["--samples-per-prompt"] == ["8"]
+    assert flags["--input-template"] == train["--data.input_template"]
+    assert flags["--max-samples"] == train["--data.max_samples"]
+    assert flags["--max-new-tokens"] == train["--rollout.max_new_tokens"] and flags["--max-len"] == train["--data.max_len"]
+    assert _run("build_success_pool", stub(POOL_STEP=40)).returncode != 0  # no checkpoint 40 here
 
 
 # (script, environment, shape): shape is nodes, GPUs per node, vLLM engines, and the train and

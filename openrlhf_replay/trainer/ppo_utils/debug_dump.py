@@ -3,7 +3,7 @@
 With `OPENRLHF_REPLAY_DEBUG_DUMP_DIR` set, the experience maker writes `<dir>/step<N>.json` for
 each step that replays: per row its tokens, action mask, pi_old (`action_log_probs`),
 pi_behaviour (`rollout_log_probs`, when upstream keeps them), advantage, reward, kind (fresh,
-replayed, inert) and the sampler's importance weight, plus each replayed row's stored behaviour
+replayed, inert) and the sampler's importance weight, with a critic its values and returns, plus each replayed row's stored behaviour
 log-probs. Tests read it to check what the trainer trains on; a run does not need it.
 """
 from __future__ import annotations
@@ -37,6 +37,9 @@ def _rows(experiences) -> list[dict]:
             }
             if exp.rollout_log_probs is not None:
                 row["pi_behaviour"] = exp.rollout_log_probs[i][: n - 1].float().tolist()
+            if exp.values is not None:  # a critic's run: what its loss reads, per action column
+                row["values"] = exp.values[i][: n - 1].float().tolist()
+                row["returns"] = exp.returns[i][: n - 1].float().tolist()
             rows.append(row)
     return rows
 

@@ -23,6 +23,19 @@ AGE_KEY = "replay/row_age"  # info key: steps since the row was generated (0 for
 INERT_KEY = "replay/is_inert"  # info key: 1.0 on rows without loss that complete RLEP's last batch
 
 
+def stored_token_columns(args) -> tuple[str, ...]:
+    """The optional per-token columns every stored rollout carries for this run: with a critic
+    (`gae`), the per-token reward its advantage is recomputed from (KL in the reward is inside it)
+    and, with KL as a loss, the reference log-probs; otherwise KL's (`kl_token_columns`). In async
+    training with upstream's IS correction on, also vLLM's log-probs at generation, so that a
+    replayed row is corrected by its own behaviour policy (docs/METHOD.md section 10)."""
+    async_is = ("rollout_logprobs",) if args.train.async_enable and args.algo.advantage.is_correction_level != "off" \
+        else ()
+    if args.algo.advantage.estimator == "gae":
+        return ("token_rewards",) + tuple(c for c in kl_token_columns(args) if c == "ref_logprobs") + async_is
+    return kl_token_columns(args) + async_is
+
+
 def kl_token_columns(args) -> tuple[str, ...]:
     """The optional per-token columns a stored rollout needs for the run's KL (docs/METHOD.md
     section 2, "KL"): its per-token advantage when KL is in the reward (upstream's default), the
@@ -32,16 +45,9 @@ def kl_token_columns(args) -> tuple[str, ...]:
     return ("ref_logprobs",) if args.algo.kl.use_loss else ("token_advantages",)
 
 
-def stored_token_columns(args) -> tuple[str, ...]:
-    """Every optional per-token column a stored rollout carries: KL's (`kl_token_columns`) and, in
-    async training with upstream's IS correction on, vLLM's log-probs at generation, so that a
-    replayed row is corrected by its own behaviour policy (docs/METHOD.md section 10)."""
-    async_is = args.train.async_enable and args.algo.advantage.is_correction_level != "off"
-    return kl_token_columns(args) + (("rollout_logprobs",) if async_is else ())
-
-
 def experiences_to_rollouts(experiences: list[Experience], version: int, n_samples_per_prompt: int, *,
-                            token_columns: tuple[str, ...] = (), kl_coef: float = 0.0) -> RolloutBatch:
+                            token_columns: tuple[str, ...] = (), kl_coef: float = 0.0,
+                            token_rewards: list[torch.Tensor] | None = None) -> RolloutBatch:
     """The rollouts of a step's fresh experiences, in row order, after their advantages are computed.
 
     Behaviour log-probs are `action_log_probs`: the training model's log-probs of the generated
@@ -51,14 +57,20 @@ def experiences_to_rollouts(experiences: list[Experience], version: int, n_sampl
     reward (`token_columns` holds "token_advantages") the per-token advantages are stored as they
     are, and the KL penalty upstream folded into the first token's value, `kl_coef` x the row's
     summed KL (its `info["kl"]` mean x action tokens), is added back for the per-rollout one. With
-    KL as a loss ("ref_logprobs") the reference model's log-probs are stored.
+    KL as a loss ("ref_logprobs") the reference model's log-probs are stored. With a critic
+    ("token_rewards") `token_rewards` holds each experience's (B, T - 1) per-token reward, the one
+    upstream's GAE started from, and the advantage is GAE's (whitened) at the first action token.
     """
-    parts = [_rows_of(exp, version, n_samples_per_prompt, token_columns, kl_coef) for exp in experiences]
+    rewards = token_rewards if token_rewards is not None else [None] * len(experiences)
+    if len(rewards) != len(experiences):
+        raise ValueError(f"{len(rewards)} per-token rewards for {len(experiences)} experiences")
+    parts = [_rows_of(exp, version, n_samples_per_prompt, token_columns, kl_coef, r)
+             for exp, r in zip(experiences, rewards)]
     return RolloutBatch.concat(parts)
 
 
 def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int, token_columns: tuple[str, ...] = (),
-             kl_coef: float = 0.0) -> RolloutBatch:
+             kl_coef: float = 0.0, token_rewards: torch.Tensor | None = None) -> RolloutBatch:
     """One micro-batch's rows as rollouts, without a loop over rows (but for the prompt hashes)."""
     sequences = exp.sequences.cpu()  # (B, T)
     lengths = exp.attention_mask.sum(-1).cpu()  # (B,) prompt + response
@@ -87,6 +99,10 @@ def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int, token_col
         advantages = advantages + penalty
     if "ref_logprobs" in token_columns:
         extra["ref_logprobs"] = exp.base_action_log_probs.float().cpu()[scored].numpy()
+    if "token_rewards" in token_columns:
+        if token_rewards is None:
+            raise ValueError("the store holds per-token rewards (a critic's run) but none were given")
+        extra["token_rewards"] = token_rewards.float().cpu()[scored].numpy()
     if "rollout_logprobs" in token_columns:
         extra["rollout_logprobs"] = exp.rollout_log_probs.float().cpu()[scored].numpy()
     return RolloutBatch(**extra,

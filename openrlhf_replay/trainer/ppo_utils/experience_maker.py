@@ -5,7 +5,8 @@ advantages. This subclass then (1) converts them into the replay core's records 
 buffer evict, draw and store (the draw sees only earlier steps), (2) turns the drawn rollouts
 into Experience micro-batches shaped like the fresh ones (RLEP: plus rows without loss that complete
 its exact count to whole training batches), (3) with `--replay.off_policy refresh` or `recompute`
-recomputes their old log-probs under the current weights, and (4) orders the list so that every
+recomputes their old log-probs under the current weights, with a critic (`gae`) recomputes their
+advantages and returns against the current critic (`critic.py`), and (4) orders the list so that every
 data-parallel rank gets the same fresh/replay split, because upstream hands each rank one
 contiguous chunk (`RayActorGroup.async_run_method_batch`).
 """
@@ -18,8 +19,10 @@ import numpy as np
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
+from openrlhf_replay.trainer.ppo_utils.critic import GaeCall, Whitening, padded_token_rewards, recompute_gae
 from openrlhf_replay.trainer.ppo_utils.experience import (
     INERT_KEY,
+    IS_WEIGHT_KEY,
     experiences_to_rollouts,
     mark_fresh,
     rollouts_to_experiences,
@@ -48,13 +51,17 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.replay_seconds = 0.0  # wall time of the replay work in the last step (conversion, store, draw)
         self.composition = None  # the last step's fresh + replayed rollouts (`replay.Composition`)
         self.reward_faults = None  # the last step's samples scored 0 for a failed reward (`RewardFaults`)
+        self._gae_calls: list[GaeCall] | None = None  # upstream's GAE calls on the fresh rows, while recorded
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
         """One replay step as the trainer runs it, top-down (README, "One training step")."""
         # 1. The fresh batch: upstream's micro-batches with their group advantages.
         if self.args.reward.remote_url:  # with a reward model instead, rewards come later
             self.reward_faults = guard_rewards(rollout_samples)
+        critic = self.advantage_estimator == "gae" and self.replay.config.enabled
+        self._gae_calls = [] if critic else None  # the fresh rows' per-token rewards (critic.py)
         fresh = super().make_experience_batch(rollout_samples)
+        gae_calls, self._gae_calls = self._gae_calls, None
         if not self.replay.config.enabled:
             return fresh
         t0 = time.perf_counter()
@@ -62,7 +69,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         mark_fresh(fresh)
         # 2. The buffer's step: evict by age, draw from earlier steps, store the fresh rollouts.
         kl_coef = self.kl_ctl.value
-        rollouts = self.fresh_rollouts(fresh, kl_coef)
+        rollouts = self.fresh_rollouts(fresh, kl_coef, [c.rewards for c in gae_calls] if critic else None)
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
                                 divide_by_std=args.algo.advantage.estimator != "dr_grpo",
                                 recorded_versions=self.recorded_versions)
@@ -70,17 +77,23 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
             set_advantages(fresh, comp.fresh.advantages)
         # 3. The replayed rows into the loss: micro-batches shaped like the fresh ones, per rank,
         # with their importance weights (and RLEP's inert rows), pi_old as --replay.off_policy says.
-        per_rank = []
+        per_rank, token_rewards = [], []
         for rows, weights, inert in replayed_for_ranks(comp, data_parallel_ranks(args)):
             part = rollouts_to_experiences(rows, fresh[0], args.rollout.micro_batch_size,
                                            self.tokenizer.pad_token_id, step=self.step, is_weights=weights,
                                            kl_coef=kl_coef)
             set_row_flags(part, INERT_KEY, inert)
             per_rank.append(part)
+            if critic:
+                token_rewards += padded_token_rewards(rows, args.rollout.micro_batch_size, self.tokenizer.pad_token_id)
         self.replay_seconds = time.perf_counter() - t0
         self.composition = comp
+        replayed = [e for part in per_rank for e in part]
         if self.replay.config.effective_off_policy in ("refresh", "recompute") and len(comp.replayed):
-            self._refresh_old_log_probs([e for part in per_rank for e in part])
+            self._refresh_old_log_probs(replayed)
+        if critic and len(comp.replayed):  # against the current critic, whitened as the fresh rows
+            self._critic_advantages(replayed, token_rewards,
+                                    Whitening.of(gae_calls, args.algo.advantage.no_std_norm))
         # 4. Every rank's chunk holds the same fresh and replayed share. What is logged comes after
         # the update: `ppo_trainer.py:train_step` adds `self.replay.metrics()` and per-kind statistics.
         batch = arrange_for_ranks(fresh, per_rank)
@@ -89,11 +102,12 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
 
     recorded_versions = False  # the fresh rows' version is the step (async: the generating policy's)
 
-    def fresh_rollouts(self, fresh: list[Experience], kl_coef: float) -> RolloutBatch:
+    def fresh_rollouts(self, fresh: list[Experience], kl_coef: float, token_rewards=None) -> RolloutBatch:
         """The step's fresh rows as rollouts of policy version `self.step` (the synchronous
         trainer generates them with the weights of that step)."""
         return experiences_to_rollouts(fresh, self.step, self.args.rollout.n_samples_per_prompt,
-                                       token_columns=self.replay.token_columns, kl_coef=kl_coef)
+                                       token_columns=self.replay.token_columns, kl_coef=kl_coef,
+                                       token_rewards=token_rewards)
 
     def _refresh_old_log_probs(self, replayed: list[Experience]) -> None:
         """pi_old of replayed rows := the current policy's log-probs (the actor's forward, as upstream
@@ -116,6 +130,34 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
             exp.action_log_probs = log_probs.to(exp.action_log_probs.dtype)
             if no_weight and exp.rollout_log_probs is not None:
                 exp.rollout_log_probs = exp.action_log_probs.clone()
+
+    def _critic_advantages(self, replayed: list[Experience], token_rewards: list, whitening: Whitening) -> None:
+        """Replayed rows' values := the current critic's (its forward, as upstream computes them for
+        fresh rows); their advantages and returns := upstream's GAE on their stored per-token
+        rewards and those values (`critic.py`)."""
+        args = self.args
+        refs = self._dispatch_forward(
+            self.critic_model_group,
+            args.train.colocate_all or args.train.colocate_critic_reward,
+            sequences=[e.sequences for e in replayed],
+            action_mask=[e.action_mask for e in replayed],
+            attention_mask=[e.attention_mask for e in replayed],
+        )
+        values = self._flatten_results(refs, args.ds.ring_attn_size * args.ds.tensor_parallel_size)
+        gamma, lambd = args.algo.advantage.gamma, args.algo.advantage.lambd
+
+        def gae(value, reward, mask):
+            return RemoteExperienceMaker.get_advantages_and_returns(self, value, reward, mask, gamma, lambd)
+
+        recompute_gae(replayed, values, token_rewards, gae, whitening, IS_WEIGHT_KEY)
+
+    def get_advantages_and_returns(self, values, rewards, action_mask, gamma, lambd):
+        """Upstream's GAE; while the fresh batch is made, each call's per-token rewards and raw
+        advantages are kept (`critic.py:GaeCall`): the store's rewards, the whitening's statistics."""
+        advantages, returns = super().get_advantages_and_returns(values, rewards, action_mask, gamma, lambd)
+        if self._gae_calls is not None:
+            self._gae_calls.append(GaeCall(rewards.detach().cpu(), advantages.detach().cpu(), action_mask.cpu()))
+        return advantages, returns
 
 
 def replayed_for_ranks(comp, ranks: int) -> list[tuple[RolloutBatch, np.ndarray, np.ndarray]]:

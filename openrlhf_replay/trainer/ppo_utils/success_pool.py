@@ -83,13 +83,19 @@ def dry_run_pool_errors(args) -> list[str]:
         pool = load_pool(config.success_pool)
         # A dry run never waits on the network: a hub id is checked only from the local cache.
         tokenizer = AutoTokenizer.from_pretrained(args.actor.model_name_or_path, local_files_only=True)
-        rows = [row for _, row in file_rows(dataset)][: int(min(args.data.max_samples, 1e12))]
+        prompts = training_prompts(args, dataset, tokenizer)
     except (SuccessPoolError, UnreadableFile, OSError, ValueError):
         return []
-    chat = tokenizer.apply_chat_template if args.data.apply_chat_template else None
-    preprocess_data = upstream_preprocess_data()
-    prompts = [preprocess_data(row, args.data.input_template, args.data.input_key, args.data.label_key, chat)[0]
-               for row in rows]
     budget = max_prompt_len(args.data.max_len, args.rollout.max_new_tokens)
     return [f"--replay.success_pool: {e}" for e in
             pool_mismatch(pool, tokenizer_fingerprint(tokenizer), prompt_uids(tokenizer, prompts, budget))]
+
+
+def training_prompts(args, dataset: str, tokenizer) -> list[str]:
+    """The run's training prompts from one local prompt file, after upstream's templates and its
+    --data.max_samples cut, as its dataset holds them."""
+    rows = [row for _, row in file_rows(dataset)][: int(min(args.data.max_samples, 1e12))]
+    chat = tokenizer.apply_chat_template if args.data.apply_chat_template else None
+    preprocess_data = upstream_preprocess_data()
+    return [preprocess_data(row, args.data.input_template, args.data.input_key, args.data.label_key, chat)[0]
+            for row in rows]
