@@ -169,7 +169,7 @@ training_settings() {
   # (colocation and sleep mode): half of each node's GPUs hold the DeepSpeed ranks, half the engines.
   ACTOR_GPUS=$NUM_GPUS
   local colocate=(--train.colocate_all) vllm_sleep=(--vllm.enable_sleep) ds_sleep=(--ds.enable_sleep)
-  if [[ $ASYNC == 1 ]]; then
+  if [[ ${ASYNC:-0} == 1 ]]; then
     (( NUM_GPUS >= 2 && NUM_GPUS % 2 == 0 )) || die "--train.async_enable splits each node's GPUs in two halves (DeepSpeed ranks, vLLM engines): NUM_GPUS=$NUM_GPUS must be even"
     ACTOR_GPUS=$((NUM_GPUS / 2))
     colocate=() vllm_sleep=() ds_sleep=()
@@ -178,7 +178,7 @@ training_settings() {
   FRESH_ROLLOUTS=$((ROLLOUT_PROMPTS * GROUP_SIZE))
   read -r MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH <<<"$(micro_batches "$MODEL" $((NUM_NODES * ACTOR_GPUS)))"
   VLLM_ENGINES=$((NUM_NODES * (NUM_GPUS - ACTOR_GPUS) / VLLM_TP))
-  (( ASYNC == 1 )) || VLLM_ENGINES=$((GPUS_TOTAL / VLLM_TP))
+  [[ ${ASYNC:-0} == 1 ]] || VLLM_ENGINES=$((GPUS_TOTAL / VLLM_TP))
   MODEL=$(abspath_if_local "$MODEL")
   local data_files=() file
   IFS=, read -r -a data_files <<<"$DATA"
