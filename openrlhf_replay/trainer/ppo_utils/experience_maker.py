@@ -44,6 +44,8 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
     does this); it is the policy version of the fresh rollouts.
     """
 
+    recorded_versions = False  # the fresh rows' version is the step (async: the generating policy's)
+
     def __init__(self, *args, replay_buffer: ReplayBuffer, **kwargs):
         super().__init__(*args, **kwargs)
         self.replay = replay_buffer
@@ -99,8 +101,6 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         batch = arrange_for_ranks(fresh, per_rank)
         dump_step(self.step, batch, comp)
         return batch
-
-    recorded_versions = False  # the fresh rows' version is the step (async: the generating policy's)
 
     def fresh_rollouts(self, fresh: list[Experience], kl_coef: float, token_rewards=None) -> RolloutBatch:
         """The step's fresh rows as rollouts of policy version `self.step` (the synchronous
