@@ -29,9 +29,9 @@ READABLE_FORMATS = (1, 2)
 KEEP_RULE, PRIORITY_RULE, KL_RULE = "keep rule", "priority rule", "per-token KL columns"
 # What each optional per-token column is kept for; a file of another KL setting lacks what this
 # run's loss reads (or holds what it would ignore), so the KL setting is a holding rule.
-# (The rule's name predates the critic's column; saved files carry it, so it stays.)
+# (The rule's name predates the critic's and async's columns; saved files carry it, so it stays.)
 _KL_COLUMN_USE = {"token_advantages": "KL in the reward", "ref_logprobs": "KL as a loss",
-                  "token_rewards": "GAE against the current critic"}
+                  "token_rewards": "GAE against the current critic", "rollout_logprobs": "async IS correction"}
 NO_KL_COLUMNS = "none (KL off)"
 
 
@@ -128,7 +128,7 @@ class ReplayBuffer:
         return len(self.store)
 
     def step(self, fresh: RolloutBatch, step: int, *, multiple_of: int = 1, divide_by_std: bool = True,
-             refill: int = 0) -> Composition:
+             refill: int = 0, recorded_versions: bool = False) -> Composition:
         """One training step: evict by age at `step`; draw the replay part from what is already
         stored (so never this step's own rollouts); count the reuse; store `fresh` with
         version `step` (its faulty rollouts are refused and counted). Steps must increase. `multiple_of`: the number
@@ -138,6 +138,8 @@ class ReplayBuffer:
         (`compose`'s `extra`; fresh-anchored modes only).
 
         With mode none nothing is stored or drawn: the composition is `fresh` alone.
+        `recorded_versions` (async training): `fresh` is stored with its own versions, the policy
+        version that generated each row (at most `step`), so ages count from generation.
         """
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} does not follow the last step {self.last_step}: steps must increase")
@@ -150,12 +152,24 @@ class ReplayBuffer:
             self.hooks.after_draw(self.store, comp, self.config)  # e.g. PER's update of the drawn
             priorities = self.hooks.insert_priorities(fresh, self.config)
             if self.pool is None:  # an offline pool is fixed, as RLEP's: the run's own successes stay out
-                self.store.insert(fresh, version=step, priorities=priorities)
+                if recorded_versions:
+                    self._insert_recorded(fresh, step, priorities)
+                else:
+                    self.store.insert(fresh, version=step, priorities=priorities)
         else:
             comp = Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64))
         self.last_step = step
         self._step_metrics = composition_metrics(comp, step)
         return comp
+
+    def _insert_recorded(self, fresh: RolloutBatch, step: int, priorities: np.ndarray | None) -> None:
+        """Store `fresh` with its recorded versions, oldest first (the store keeps version order;
+        a batch whose rows came from two generation calls may hold them in any order)."""
+        if len(fresh) and fresh.versions.max() > step:
+            raise ValueError(f"step {step}: fresh rollouts of policy version {fresh.versions.max()} come from a "
+                             "later policy than the one being trained")
+        order = np.argsort(fresh.versions, kind="stable")
+        self.store.insert(fresh.select(order), priorities=None if priorities is None else priorities[order])
 
     def metrics(self) -> dict[str, float]:
         """Flat `replay/...` metrics: buffer size and cumulative counters, plus the statistics of

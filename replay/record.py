@@ -44,9 +44,10 @@ ROLLOUT_FIELDS = tuple(k for k, (_, kind) in _LAYOUT.items() if kind == "rollout
 # (docs/METHOD.md section 2, "KL" and "A critic"): `token_advantages`, the per-token advantage of KL
 # in the reward; `ref_logprobs`, the reference model's log-probs for KL as a loss; `token_rewards`,
 # the per-token reward GAE starts from (the outcome on the last action token, any KL penalty on
-# every token), from which a replayed row's advantage is recomputed against the current critic.
-# Absent (None) they cost no byte.
-TOKEN_COLUMNS = ("token_advantages", "ref_logprobs", "token_rewards")
+# every token), from which a replayed row's advantage is recomputed against the current critic;
+# `rollout_logprobs`, vLLM's log-probs at generation, in async training with upstream's IS
+# correction (section 10). Absent (None) they cost no byte.
+TOKEN_COLUMNS = ("token_advantages", "ref_logprobs", "token_rewards", "rollout_logprobs")
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +76,7 @@ class RolloutBatch:
     token_advantages: np.ndarray | None = None  # (sum Lr,) float32, advantage with the KL penalty
     ref_logprobs: np.ndarray | None = None  # (sum Lr,) float32, log pi_ref of each response token
     token_rewards: np.ndarray | None = None  # (sum Lr,) float32, per-token reward (GAE's input)
+    rollout_logprobs: np.ndarray | None = None  # (sum Lr,) float32, vLLM's log-prob at generation (async)
 
     def __post_init__(self) -> None:
         for name, (dtype, _) in _LAYOUT.items():
@@ -273,7 +275,8 @@ def refusals(batch: RolloutBatch) -> tuple[np.ndarray, dict[str, int]]:
         "non_finite_logprob": np.zeros(len(batch), np.bool_),
     }
     per_token = [("non_finite_logprob", batch.behaviour_logprobs), ("non_finite_logprob", batch.ref_logprobs),
-                 ("non_finite_advantage", batch.token_advantages), ("non_finite_reward", batch.token_rewards)]
+                 ("non_finite_logprob", batch.rollout_logprobs), ("non_finite_advantage", batch.token_advantages),
+                 ("non_finite_reward", batch.token_rewards)]
     for reason, values in per_token:
         if values is not None:
             bad[reason] |= _non_finite_rows(batch, values)

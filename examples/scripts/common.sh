@@ -24,6 +24,8 @@
 #   gradient accumulation = TRAIN_BATCH / (micro x GPUS);
 # - so GPUS must divide TRAIN_BATCH / micro (DeepSpeed) and 1,024 / rollout micro (replay):
 #   1, 2, 4, 8, 16, 32 GPUs work; the dry run names the rule a count breaks.
+# - with --train.async_enable among the arguments, generation overlaps training: half of each
+#   node's GPUs hold the DeepSpeed ranks and half the vLLM engines (no colocation, no sleep mode).
 
 SCRIPTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$SCRIPTS_DIR/../.." && pwd)
@@ -168,10 +170,20 @@ training_settings() {
     die "no training prompts at $DATA (DeepScaleR's MATH training set: deepscaler/data/train/math.json of github.com/agentica-project/deepscaler; no hub dataset holds these rows). Set DATA=<file>: a JSON array or JSON lines, one object per prompt with the keys INPUT_KEY=$INPUT_KEY and LABEL_KEY=$LABEL_KEY; or SHARED_DIR=<folder holding data/train/deepscaler_math_train.json>"
   fi
   GPUS_TOTAL=$((NUM_NODES * NUM_GPUS))
+  # Async training generates while it trains, so the two cannot take turns on the same GPUs
+  # (colocation and sleep mode): half of each node's GPUs hold the DeepSpeed ranks, half the engines.
+  ACTOR_GPUS=$NUM_GPUS
+  local colocate=(--train.colocate_all) vllm_sleep=(--vllm.enable_sleep) ds_sleep=(--ds.enable_sleep)
+  if [[ ${ASYNC:-0} == 1 ]]; then
+    (( NUM_GPUS >= 2 && NUM_GPUS % 2 == 0 )) || die "--train.async_enable splits each node's GPUs in two halves (DeepSpeed ranks, vLLM engines): NUM_GPUS=$NUM_GPUS must be even"
+    ACTOR_GPUS=$((NUM_GPUS / 2))
+    colocate=() vllm_sleep=() ds_sleep=()
+  fi
   # shellcheck disable=SC2034  # recorded by describe_settings
   FRESH_ROLLOUTS=$((ROLLOUT_PROMPTS * GROUP_SIZE))
-  read -r MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH <<<"$(micro_batches "$MODEL" "$GPUS_TOTAL")"
-  VLLM_ENGINES=$((GPUS_TOTAL / VLLM_TP))
+  read -r MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH <<<"$(micro_batches "$MODEL" $((NUM_NODES * ACTOR_GPUS)))"
+  VLLM_ENGINES=$((NUM_NODES * (NUM_GPUS - ACTOR_GPUS) / VLLM_TP))
+  [[ ${ASYNC:-0} == 1 ]] || VLLM_ENGINES=$((GPUS_TOTAL / VLLM_TP))
   MODEL=$(abspath_if_local "$MODEL")
   local data_files=() file
   IFS=, read -r -a data_files <<<"$DATA"
@@ -211,14 +223,14 @@ training_settings() {
     --actor.lr_warmup_ratio 0.03
     --algo.kl.init_coef 0
     --actor.num_nodes "$NUM_NODES"
-    --actor.num_gpus_per_node "$NUM_GPUS"
-    --train.colocate_all
+    --actor.num_gpus_per_node "$ACTOR_GPUS"
+    "${colocate[@]}"
     --vllm.num_engines "$VLLM_ENGINES"
     --vllm.tensor_parallel_size "$VLLM_TP"
     --vllm.gpu_memory_utilization "$VLLM_GPU_UTIL"
-    --vllm.enable_sleep
+    "${vllm_sleep[@]}"
     --vllm.enable_prefix_caching
-    --ds.enable_sleep
+    "${ds_sleep[@]}"
     --ds.zero_stage "$ZERO_STAGE"
     --ds.param_dtype bf16
     --actor.gradient_checkpointing_enable
@@ -294,9 +306,11 @@ m2po_args() {  # <module> <the script's arguments...>
 launch_training() {
   local module=$1
   shift
-  local condition=${SCRIPT_NAME#train_} m2po
+  local condition=${SCRIPT_NAME#train_} m2po word
   m2po=$(m2po_args "$module" "$@") || exit 1
   [[ -z $m2po ]] || condition+=_m2po  # its own output folder: another condition
+  ASYNC=0
+  for word in "$@"; do [[ $word == --train.async_enable ]] && ASYNC=1; done
   OUTPUT_DIR=$(realpath -m "${OUTPUT_DIR:-$RUNS_DIR/$(model_tag "$MODEL")/${condition}_seed$SEED}")
   training_settings
   # shellcheck disable=SC2206  # m2po_args prints flags and numbers, no spaces within a word

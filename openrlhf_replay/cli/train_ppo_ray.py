@@ -102,13 +102,14 @@ def replay_arg_errors(args) -> list[str]:
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
     """Upstream training features replay cannot run with (KL RLEP cannot carry, RLEP with another
-    estimator, critic ranks that would not get equal shares, async training, refresh without
-    upstream's clipped IS correction), and refill without dynamic filtering. Any LR schedule runs
-    (the actor and critic pace it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and so
-    do dynamic batching (`openrlhf_replay/trainer/ray/dynamic_batch.py`), dynamic filtering (a short
-    fresh batch is completed by inert rows, `experience_maker.py:share_for_ranks`) and a critic (`gae`:
+    estimator, critic ranks that would not get equal shares, refill in async training, refresh
+    without upstream's clipped IS correction), and refill without dynamic filtering. Any LR schedule
+    runs (the actor and critic pace it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and
+    so do dynamic batching (`openrlhf_replay/trainer/ray/dynamic_batch.py`), dynamic filtering (a short
+    fresh batch is completed by inert rows, `experience_maker.py:share_for_ranks`), a critic (`gae`:
     replayed rows' advantages are recomputed against the current critic,
-    `openrlhf_replay/trainer/ppo_utils/critic.py`)."""
+    `openrlhf_replay/trainer/ppo_utils/critic.py`) and async training (the buffer in its training
+    actor, `openrlhf_replay/trainer/ppo_trainer_async.py`)."""
     errors = []
     estimator = args.algo.advantage.estimator
     entry = config.entry
@@ -120,13 +121,14 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
                       f"--rollout.n_samples_per_prompt {args.rollout.n_samples_per_prompt}: drop --replay.group_size "
                       "(the trainer fills it)")
     errors += _critic_rank_errors(args)
-    if args.train.async_enable:
-        errors.append("--train.async_enable is not supported with replay (its TrainingActor runs in a Ray worker "
-                      "this project does not extend); turn it off")
     if config.refill and not args.algo.dynamic_filtering_enable:
         errors.append("--replay.refill fills the prompt groups dynamic filtering drops with replayed rollouts, and "
                       "dynamic filtering is off: add --algo.dynamic_filtering_enable (and its "
                       "--algo.dynamic_filtering_range), or drop --replay.refill")
+    if config.refill and args.train.async_enable:
+        errors.append("--replay.refill with --train.async_enable: async filters in its generator actor, which runs "
+                      "upstream's replacement of dropped groups and hands the trainer full batches, so there is "
+                      "nothing to refill; drop --replay.refill (or --train.async_enable)")
     kl_on = args.algo.kl.init_coef > 0  # KL in the reward or as a loss: docs/METHOD.md section 2, "KL"
     if kl_on and not args.algo.kl.use_loss and not entry.kl_in_reward:
         errors.append(f"--replay.mode {config.mode} recomputes advantages as it composes a step, which would drop the KL "
@@ -241,16 +243,20 @@ def describe_replay(args) -> str:
 
 def _install_replay_classes(stack: contextlib.ExitStack) -> None:
     import openrlhf.trainer.ppo_trainer as upstream_trainer
+    import openrlhf.trainer.ppo_trainer_async as upstream_async
     import openrlhf.trainer.ray.ppo_actor as upstream_actor
     import openrlhf.trainer.ray.ppo_critic as upstream_critic
 
     from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
+    from openrlhf_replay.trainer.ppo_trainer_async import ReplayPPOTrainerAsync
     from openrlhf_replay.trainer.ray.ppo_actor import ReplayPolicyModelActor
     from openrlhf_replay.trainer.ray.ppo_critic import ReplayCriticModelActor
 
-    # `train()` imports PPOTrainer from its module at call time; the upstream CLI module binds
-    # PolicyModelActor and CriticModelActor when it is executed, which happens after this.
+    # `train()` imports PPOTrainer (or, with --train.async_enable, PPOTrainerAsync) from its module
+    # at call time; the upstream CLI module binds PolicyModelActor and CriticModelActor when it is
+    # executed, which happens after this.
     stack.enter_context(_patched(upstream_trainer, "PPOTrainer", ReplayPPOTrainer))
+    stack.enter_context(_patched(upstream_async, "PPOTrainerAsync", ReplayPPOTrainerAsync))
     stack.enter_context(_patched(upstream_actor, "PolicyModelActor", ReplayPolicyModelActor))
     stack.enter_context(_patched(upstream_critic, "CriticModelActor", ReplayCriticModelActor))
 

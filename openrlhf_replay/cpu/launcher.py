@@ -138,9 +138,6 @@ def arg_errors(args) -> list[str]:
         errors.append("--ds.tensor_parallel_size > 1 is not supported on CPU; pass 1")
     if train.enable_ema:
         errors.append("--train.enable_ema: upstream keeps the EMA model on `cuda`; drop the flag")
-    if train.async_enable:
-        errors.append("--train.async_enable: not supported on CPU (its training actor is created inside a Ray "
-                      "worker with settings not checked here); drop the flag")
     return errors
 
 

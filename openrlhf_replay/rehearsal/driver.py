@@ -26,11 +26,12 @@ from openrlhf_replay.cli.train_ppo_ray import describe_replay
 from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, flatten_args, launch_errors,
                                           resolve_training, split_command)
 from openrlhf_replay.cpu import DEVICE_ENV, _hook
+from openrlhf_replay.rehearsal.async_run import build_controller, controller_class, install_generation
 from openrlhf_replay.rehearsal.pool import build_stand_in_pool, missing_pool
 from openrlhf_replay.rehearsal.report import off_policy, replay_distribution, spread
 from openrlhf_replay.rehearsal.standins import (Generation, Rank, Settings, Shadow, ShadowRank, actor_group,
                                                 in_process_object_store, write_tokenizer)
-from openrlhf_replay.utils import undecorated, world_size
+from openrlhf_replay.utils import world_size
 from replay import ReplayConfig
 from replay.checkpoint import state_digest
 
@@ -61,13 +62,7 @@ class Record:
 
 
 def _controller_class(module: str, args):
-    from openrlhf.trainer.ppo_trainer import PPOTrainer
-
-    if module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled:
-        from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
-
-        return undecorated(ReplayPPOTrainer)
-    return undecorated(PPOTrainer)
+    return controller_class(module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled, args.train.async_enable)
 
 
 def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings, rng, record: Record,
@@ -81,11 +76,12 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         reference = actor_group([Rank(r, args, 1, rng) for r in range(args.ref.num_nodes * args.ref.num_gpus_per_node)],
                                 duplicate)
     critic = actor_group(record.critic, duplicate) if record.critic else None  # its forward gives values
-    trainer = cls(str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), critic, None, reference, [],
-                  do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
-                  temperature=args.rollout.temperature, top_p=args.rollout.top_p)
-    sg = trainer.samples_generator
-    sg._dispatch_prompts_to_vllm = Generation(sg, trainer.tokenizer, args, settings, rng)
+    trainer, generator, training = build_controller(  # async: its two actors, on threads (`async_run.py`)
+        cls, args, (str(tokenizer_dir), get_strategy(args), actor_group(ranks, duplicate), critic, None, reference, []),
+        dict(do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
+             temperature=args.rollout.temperature, top_p=args.rollout.top_p))
+    sg = generator.samples_generator
+    install_generation(generator, Generation(sg, training.tokenizer, args, settings, rng))
 
     generate = sg.generate_samples
 
@@ -97,7 +93,7 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         return out
 
     sg.generate_samples = generate_samples
-    step_fn, save_fn = trainer.train_step, trainer.save_logs_and_checkpoints
+    step_fn, save_fn = training.train_step, training.save_logs_and_checkpoints
 
     def train_step(rollout_samples, global_step):
         # Upstream logs (and checkpoints) this step as global_step + 1; the buffer's step is global_step.
@@ -105,7 +101,7 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         status, next_step = step_fn(rollout_samples, global_step)
         record.steps.append({"step": next_step, "episode": record.episode, **_step_figures(status, ranks)})
         for shadow in shadows:
-            shadow.step(len(rollout_samples), getattr(trainer.experience_maker, "composition", None), next_step)
+            shadow.step(len(rollout_samples), getattr(training.experience_maker, "composition", None), next_step)
         return status, next_step
 
     def save_logs_and_checkpoints(global_step, logs_dict=None, client_states=None):
@@ -113,12 +109,12 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         if global_step % args.ckpt.save_steps:
             return
         record.checkpoints.append(global_step)
-        _check_replay_round_trip(trainer, args, ranks[0].checkpoint_states)
+        _check_replay_round_trip(training, args, ranks[0].checkpoint_states)
         if global_step == settings.resume_at and record.resumed_at is None:
             record.resumed_at = global_step
             raise _Resume()
 
-    trainer.train_step, trainer.save_logs_and_checkpoints = train_step, save_logs_and_checkpoints
+    training.train_step, training.save_logs_and_checkpoints = train_step, save_logs_and_checkpoints
     return trainer
 
 
@@ -267,7 +263,8 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     world, accumulation = world_size(args), _accumulation(args)
     record = Record()
     resume_at = settings.resume_at
-    saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf
+    # Async: no resume here (tests/pipeline/test_async_pipeline.py kills and resumes a real run).
+    saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf and not args.train.async_enable
     if resume_at < 0:  # the first checkpoint after the replay warm-up (the buffer is not empty)
         after = replay.effective_warmup + 1 if replay.enabled else 1
         resume_at = math.ceil(after / args.ckpt.save_steps) * args.ckpt.save_steps if saves else 0

@@ -18,7 +18,7 @@ import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.utils.logging_utils import init_logger
 
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, stored_token_columns, split_by_row_kind
+from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind, stored_token_columns
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
@@ -40,21 +40,24 @@ def replay_state_dir(args) -> str:
     return os.path.join(args.ckpt.path, "_replay")
 
 
-class _ReplayPPOTrainer(undecorated(PPOTrainer)):
-    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                 reference_model_group, vllm_engines, **generate_kwargs):
-        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                         reference_model_group, vllm_engines, **generate_kwargs)
-        run_steps = rollout_steps(self.args, len(self.prompts_dataloader))  # its batch size is 1 prompt
+class ReplayControllerMixin:
+    """What replay adds to a controller that runs upstream's `train_step`: the buffer, its
+    experience maker, its metrics and its checkpoints. Mixed into the synchronous `PPOTrainer`
+    (below) and the async `TrainingActor` (`ppo_trainer_async.py`), before the upstream class."""
+
+    experience_maker_class = ReplayExperienceMaker
+
+    def _setup_replay(self, n_prompts: int, prompts) -> None:
+        """Build the buffer and the experience maker that feeds it (after upstream's `__init__`).
+        `n_prompts`: the prompts of one episode; `prompts`: their texts (RLEP's pool check)."""
+        run_steps = rollout_steps(self.args, n_prompts)
         self.replay_config = ReplayConfig.from_namespace(self.args).for_run(
             run_steps, group_size=self.args.rollout.n_samples_per_prompt)  # what derives from the run
         self.replay = ReplayBuffer(self.replay_config, stored_token_columns(self.args))
         if self.replay.pool is not None:
-            check_success_pool(self.replay.pool, self.tokenizer, self.prompts_dataloader.dataset.prompts,
+            check_success_pool(self.replay.pool, self.tokenizer, prompts,
                                max_prompt_len(self.args.data.max_len, self.args.rollout.max_new_tokens))
-        if self.args.algo.dynamic_filtering_enable:  # counts what it filters; refill: no replacement
-            self.samples_generator.__class__ = ReplaySamplesGenerator
-        self.experience_maker = ReplayExperienceMaker(
+        self.experience_maker = self.experience_maker_class(
             self.actor_model_group, self.critic_model_group, self.reward_model_group, self.reference_model_group,
             self.kl_ctl, self.strategy, self.tokenizer, replay_buffer=self.replay,
         )
@@ -63,7 +66,7 @@ class _ReplayPPOTrainer(undecorated(PPOTrainer)):
 
     def train_step(self, rollout_samples, global_step):
         self.experience_maker.step = global_step
-        counts = getattr(self.samples_generator, "counts", None)  # set by ReplaySamplesGenerator
+        counts = getattr(getattr(self, "samples_generator", None), "counts", None)  # ReplaySamplesGenerator's (sync only)
         self.experience_maker.refill_rows = counts.refill if counts is not None else 0
         status, next_step = super().train_step(rollout_samples, global_step)
         faults = self.experience_maker.reward_faults
@@ -117,6 +120,17 @@ def rollout_accounting(fresh: int, counts, maker) -> dict[str, float]:
         out |= counts.metrics()
     return out | {"replay/refilled_rows": float(refilled), "replay/refilled_share": refilled / max(trained, 1),
                   "replay/inert_rows": float(maker.inert_rows)}
+
+
+class _ReplayPPOTrainer(ReplayControllerMixin, undecorated(PPOTrainer)):
+    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                 reference_model_group, vllm_engines, **generate_kwargs):
+        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                         reference_model_group, vllm_engines, **generate_kwargs)
+        # The prompt loader's batch size is 1 prompt.
+        self._setup_replay(len(self.prompts_dataloader), self.prompts_dataloader.dataset.prompts)
+        if self.args.algo.dynamic_filtering_enable:  # counts what it filters; refill: no replacement
+            self.samples_generator.__class__ = ReplaySamplesGenerator
 
 
 def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:

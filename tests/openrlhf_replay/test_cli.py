@@ -43,7 +43,6 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--algo.advantage.estimator", "gae"], "do not divide the policy actor's 1"),
     (["--replay.mode", "success", "--algo.advantage.estimator", "gae", "--critic.num_gpus_per_node", "1"],
      "recomputes group advantages"),
-    (["--train.async_enable"], "async_enable"),
     (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
     (["--replay.mode", "success", "--replay.success_pool", "/nonexistent/pool.npz", "--algo.kl.init_coef", "0.001",
       "--algo.kl.use_loss"], "holds no reference log-probs"),
@@ -57,6 +56,8 @@ def test_upstream_command_lines_parse_identically(upstream_parser, replay_parser
     (["--rollout.batch_size", "3"], "multiple of"),
     (["--replay.mode", "success", "--algo.advantage.estimator", "rloo"], "recomputes group advantages"),
     (["--replay.refill"], "add --algo.dynamic_filtering_enable"),  # nothing to refill
+    # async filters in its generator actor, which replaces dropped groups: nothing is short
+    (["--replay.refill", "--algo.dynamic_filtering_enable", "--train.async_enable"], "nothing to refill"),
     # ExGRPO: an all-correct group must have A = 0 (its retirement marker); K is the run's group size
     (["--replay.mode", "exgrpo", "--algo.advantage.estimator", "reinforce_baseline"], "retirement marker"),
     (["--replay.mode", "exgrpo", "--algo.kl.init_coef", "0.01"], "drop the KL penalty"),
@@ -66,6 +67,14 @@ def test_combinations_replay_cannot_run_are_refused(make_args, extra, fragment):
     args = make_args("--replay.mode", "advantage", *extra)
     errors = replay_arg_errors(args)
     assert any(fragment in e for e in errors), errors
+
+
+@pytest.mark.parametrize("mode", ["advantage", "success", "freshness"])
+def test_async_training_runs_with_replay(make_args, mode):
+    """Async training (with partial rollouts) is no longer refused: the buffer lives in upstream's
+    training actor (docs/METHOD.md section 10)."""
+    args = make_args("--replay.mode", mode, "--train.async_enable", "--train.partial_rollout_enable")
+    assert replay_arg_errors(args) == []
 
 
 def test_a_valid_replay_configuration_passes(make_args):

@@ -180,3 +180,26 @@ def test_corrupt_array_bytes_fail_the_checksum(tmp_path):
             z.writestr(n, payload)
     with pytest.raises(ReplayCheckpointError, match="state.npz: checksum mismatch"):
         load_state(path)
+
+
+def test_async_rows_keep_their_generation_version_and_age_from_it():
+    """`recorded_versions` (async training): a fresh row is stored with the version that generated
+    it, which may lag the step; eviction by age and the replayed ages count from that version."""
+    buf = ReplayBuffer(CFG)  # max_age 3
+    rng = np.random.default_rng(3)
+    steps = 7
+    for step in range(steps):
+        fresh = random_batch(rng, 4, 4, step, n_prompts=10, group_id_base=100 * step)
+        # half the batch generated a version behind, half by the step's own weights (over-sampling),
+        # listed newest first
+        versions = np.where(np.arange(16) < 8, step, max(step - 1, 0))
+        comp = buf.step(fresh.replace(versions=versions), step, recorded_versions=True)
+        if step >= CFG.warmup:
+            ages = step - comp.replayed.versions
+            assert len(comp.replayed) and ages.min() >= 1 and ages.max() <= 3
+    live = buf.store.view().versions
+    assert np.all(np.diff(live) >= 0)  # stored oldest first, whatever the batch's row order
+    assert live.min() == steps - 1 - 3 and live.max() == steps - 1  # evicted by age from generation
+    assert set(live) == set(range(steps - 4, steps))
+    with pytest.raises(ValueError, match="later policy"):
+        buf.step(random_batch(rng, 4, 4, 99), steps, recorded_versions=True)

@@ -260,3 +260,21 @@ def test_compare_puts_each_runs_optimizer_steps_beside_its_results(subset_runs, 
     assert "| Qwen3-1.7B-Base |" in md and "not trained by a launch script" in md
     assert "not rehearsed: `REHEARSE=1 SEED=42 bash examples/scripts/train_grpo_uniform_replay.sh`" in md
     assert "| grpo_replay_seed42 | " in md and "| 5.25 (4 / 6) | 512; 100% | stale | 0.4 |" in md
+
+
+def test_async_training_replays_at_gpu_shape_without_a_deadlock(tmp_path):
+    """`--train.async_enable` appended to the method's script: half the GPUs train, half generate;
+    upstream's async controller runs replay's generator and training actors on threads, generation a
+    batch ahead (queue size 1). Every step completes, the ranks take equal optimizer steps, and
+    every step after the warm-up replays."""
+    subset = tmp_path / "subset.json"
+    subset.write_text(json.dumps(json.loads(DATA.read_text())[:SUBSET_PROMPTS]))
+    report, log = _rehearse("train_grpo_replay", subset, tmp_path, "--train.async_enable",
+                            REHEARSE="1", REPLAY_WARMUP=str(WARMUP), REHEARSE_SOLVE_RATE=str(SOLVE_RATE))
+    assert report["crash"] is None and report["steps_completed"] == STEPS, log[-3000:]
+    command = report["command"]
+    assert "--actor.num_gpus_per_node 4" in command and "--vllm.num_engines 4" in command
+    assert "enable_sleep" not in command and "colocate_all" not in command
+    assert len(report["optimizer_steps_per_rank"]) == 4 and len(set(report["optimizer_steps_per_rank"])) == 1
+    assert report["replayed_per_step"]["share_with_replay"] >= 0.9
+    assert "replay/fresh_age_max': 1.0" in log  # the training actor's steps: generated a version behind

@@ -27,10 +27,14 @@ REFILL_KEY = "replay/is_refill"  # info key: 1.0 on rows standing for filtered o
 def stored_token_columns(args) -> tuple[str, ...]:
     """The optional per-token columns every stored rollout carries for this run: with a critic
     (`gae`), the per-token reward its advantage is recomputed from (KL in the reward is inside it)
-    and, with KL as a loss, the reference log-probs; otherwise KL's (`kl_token_columns`)."""
+    and, with KL as a loss, the reference log-probs; otherwise KL's (`kl_token_columns`). In async
+    training with upstream's IS correction on, also vLLM's log-probs at generation, so that a
+    replayed row is corrected by its own behaviour policy (docs/METHOD.md section 10)."""
+    async_is = ("rollout_logprobs",) if args.train.async_enable and args.algo.advantage.is_correction_level != "off" \
+        else ()
     if args.algo.advantage.estimator == "gae":
-        return ("token_rewards",) + tuple(c for c in kl_token_columns(args) if c == "ref_logprobs")
-    return kl_token_columns(args)
+        return ("token_rewards",) + tuple(c for c in kl_token_columns(args) if c == "ref_logprobs") + async_is
+    return kl_token_columns(args) + async_is
 
 
 def kl_token_columns(args) -> tuple[str, ...]:
@@ -100,6 +104,8 @@ def _rows_of(exp: Experience, version: int, n_samples_per_prompt: int, token_col
         if token_rewards is None:
             raise ValueError("the store holds per-token rewards (a critic's run) but none were given")
         extra["token_rewards"] = token_rewards.float().cpu()[scored].numpy()
+    if "rollout_logprobs" in token_columns:
+        extra["rollout_logprobs"] = exp.rollout_log_probs.float().cpu()[scored].numpy()
     return RolloutBatch(**extra,
         prompt_ids=prompt_ids, prompt_offsets=prompt_offsets,
         response_ids=sequences[response_part].numpy().astype(np.int32),
@@ -150,7 +156,9 @@ def replayed_loss_inputs(padded: dict[str, np.ndarray], advantages: np.ndarray,
       current policy's (`ReplayExperienceMaker._refresh_old_log_probs`).
     - `rollout_log_probs`, pi_behaviour: the same stored log-probs. Upstream's IS correction
       (refresh requires token-level clip) weighs each token by clip(pi_old / pi_behaviour); under
-      stale they are equal to pi_old and the weight is 1.
+      stale they are equal to pi_old and the weight is 1. In async training with the IS correction
+      on, the stored vLLM log-probs at generation (`rollout_logprobs`): the row's own behaviour
+      policy, so under stale it gets the weight it had when fresh.
     - `advantages` and `returns` (GRPO has no critic): the frozen advantage A, from the rollout's
       own fresh group, times the sampler's importance weight w (freshness's (N P(i))^-beta / max,
       1 elsewhere), on every action token; with KL in the reward, the stored per-token advantage
@@ -166,7 +174,8 @@ def replayed_loss_inputs(padded: dict[str, np.ndarray], advantages: np.ndarray,
         per_token = torch.from_numpy(padded["token_advantages"] * is_weights[:, None]) * action_mask.float()
     else:
         per_token = advantage[:, None] * action_mask.float()
-    out = {"action_mask": action_mask, "action_log_probs": behaviour, "rollout_log_probs": behaviour.clone(),
+    rollout = torch.from_numpy(padded["rollout_logprobs"]) if "rollout_logprobs" in padded else behaviour.clone()
+    out = {"action_mask": action_mask, "action_log_probs": behaviour, "rollout_log_probs": rollout,
            "advantages": per_token, "returns": per_token.clone(), "advantage": advantage}
     if "ref_logprobs" in padded:
         out["base_action_log_probs"] = torch.from_numpy(padded["ref_logprobs"])

@@ -46,6 +46,8 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
     does this); it is the policy version of the fresh rollouts.
     """
 
+    recorded_versions = False  # the fresh rows' version is the step (async: the generating policy's)
+
     def __init__(self, *args, replay_buffer: ReplayBuffer, **kwargs):
         super().__init__(*args, **kwargs)
         self.replay = replay_buffer
@@ -73,11 +75,10 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         mark_fresh(fresh)
         # 2. The buffer's step: evict by age, draw from earlier steps, store the fresh rollouts.
         kl_coef = self.kl_ctl.value
-        rollouts = experiences_to_rollouts(fresh, self.step, args.rollout.n_samples_per_prompt,
-                                           token_columns=self.replay.token_columns, kl_coef=kl_coef,
-                                           token_rewards=[c.rewards for c in gae_calls] if critic else None)
+        rollouts = self.fresh_rollouts(fresh, kl_coef, [c.rewards for c in gae_calls] if critic else None)
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
-                                divide_by_std=args.algo.advantage.estimator != "dr_grpo", refill=self.refill_rows)
+                                divide_by_std=args.algo.advantage.estimator != "dr_grpo", refill=self.refill_rows,
+                                recorded_versions=self.recorded_versions)
         if self.replay.config.entry.rewrites_fresh_advantages:  # RLEP: enlarged groups got new advantages
             set_advantages(fresh, comp.fresh.advantages)
         # 3. The replayed rows into the loss: micro-batches shaped like the fresh ones, per rank,
@@ -115,6 +116,13 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
                                   equal=not args.train.dynamic_batch_enable)
         dump_step(self.step, batch, comp)
         return batch
+
+    def fresh_rollouts(self, fresh: list[Experience], kl_coef: float, token_rewards=None) -> RolloutBatch:
+        """The step's fresh rows as rollouts of policy version `self.step` (the synchronous
+        trainer generates them with the weights of that step)."""
+        return experiences_to_rollouts(fresh, self.step, self.args.rollout.n_samples_per_prompt,
+                                       token_columns=self.replay.token_columns, kl_coef=kl_coef,
+                                       token_rewards=token_rewards)
 
     def split_rollout_samples(self, rollout_samples):
         """Upstream's micro-batches of the fresh samples; when dynamic filtering left fewer than one
