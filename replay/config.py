@@ -202,12 +202,11 @@ class ReplayConfig:
 
     def for_run(self, steps: int, group_size: int | None = None) -> ReplayConfig:
         """This config with what derives from the run filled in: `group_size` (the run's rollouts
-        per prompt) where unset, and what derives from the run's length, by the mode's entry
-        (freshness: beta_steps, unless set)."""
-        config = self
-        if group_size is not None and config.group_size is None:
+        per prompt) where unset and the mode reads it, and what derives from the run's length, by
+        the mode's entry (freshness: beta_steps, unless set)."""
+        config, entry = self, self.entry
+        if group_size is not None and config.group_size is None and entry and entry.uses_group_size:
             config = dataclasses.replace(config, group_size=group_size)
-        entry = config.entry
         return entry.for_run(config, steps) if entry and entry.for_run else config
 
     @property

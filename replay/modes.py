@@ -185,7 +185,7 @@ register_mode(ReplayMode(
     composer=_compose_exgrpo, target=ratio_target, count_text=ratio_text, off_policy="exgrpo", hooks=ExGRPOHooks,
     check_buffer=_exgrpo_check_buffer, estimators=("group_norm", "dr_grpo", "rloo"),
     estimators_why="its retirement marker is a success of advantage 0, which an all-correct group has under these",
-    kl_in_reward=False, describe=_exgrpo_describe))
+    kl_in_reward=False, uses_group_size=True, describe=_exgrpo_describe))
 
 # Upstream's IS corrections that weigh a token by pi_old / pi_behaviour (token level, by the ratio):
 # `clip` truncates the weight to the threshold band, `mask` drops tokens outside it.

@@ -84,6 +84,9 @@ class ReplayMode:
     format_1_rules: Mapping[str, Any] | None = None
     """Checkpoint rule: the holding rules format-1 files of this mode were written under, where they
     differ from today's (None: the same)."""
+    uses_group_size: bool = False
+    """Its knobs read `group_size` (K, the run's rollouts per prompt), which `for_run` then fills
+    in; other modes leave it unset, so their saved configs (and digests) do not change."""
     no_refill: str = ""
     """Why it cannot take the rows of groups dynamic filtering drops (`--replay.refill`); empty: it can."""
     offline_pool: bool = False

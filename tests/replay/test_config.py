@@ -121,3 +121,13 @@ def test_modes_and_their_help_come_from_the_registry():
         assert tuple(actions[flag].choices) == tuple(c for c in ((["none"] if flag == "replay.mode" else []) + list(table)))
         for entry in table.values():
             assert f"{entry.name}: {entry.help}" in actions[flag].help
+
+
+def test_for_run_fills_the_group_size_only_for_a_mode_that_reads_it():
+    """K reaches exgrpo's sampler; every other mode's config (saved with each buffer, in its
+    digest) stays as its flags made it, so checkpoints written before exgrpo existed still match."""
+    from replay import ReplayConfig
+
+    assert ReplayConfig(mode="exgrpo").for_run(10, group_size=8).group_size == 8
+    for mode in ("uniform", "advantage", "success", "freshness", "naive"):
+        assert ReplayConfig(mode=mode).for_run(10, group_size=8).group_size is None, mode
