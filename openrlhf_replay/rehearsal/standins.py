@@ -23,8 +23,6 @@ from openrlhf_replay.trainer.ray.dynamic_batch import dynamic_steps
 from openrlhf_replay.utils import data_parallel_ranks
 from replay import ReplayConfig
 
-ReplayConfigOf = ReplayConfig.from_namespace
-
 # Deferred imports here (the experience helpers, upstream's samples generator) pull in upstream
 # modules the CPU platform adapts (its replay buffer): they are imported only once the driver has
 # installed the CPU hooks (`_rehearsal_environment`), so they load adapted.
@@ -219,21 +217,22 @@ class Shadow:
     def step(self, n_fresh: int, composition, step: int) -> None:
         """The shape-dependent part of one step, on stubs: what `ReplayExperienceMaker` and upstream
         do with the step's fresh and replayed rows at this shape."""
-        from openrlhf_replay.trainer.ppo_utils.experience_maker import arrange_for_ranks, share_for_ranks
+        from openrlhf_replay.trainer.ppo_utils.experience_maker import (arrange_for_ranks, fresh_micro_batch_size,
+                                                                        share_for_ranks)
 
         if self.crash:
             return
         try:
-            micro = self.args.rollout.micro_batch_size
-            fresh = [_Stub(min(micro, n_fresh - lo), False) for lo in range(0, n_fresh, micro)]
+            micro, dynamic = self.args.rollout.micro_batch_size, self.args.train.dynamic_batch_enable
+            size = micro if dynamic else fresh_micro_batch_size(n_fresh, micro, data_parallel_ranks(self.args))
+            fresh = [_Stub(min(size, n_fresh - lo), False) for lo in range(0, n_fresh, size)]
             ray.get(self.group.async_run_method_batch(method_name="forward", sequences=fresh))
             batch = fresh
             if composition is not None:
                 # The experience maker's own share (with its inert rows), at this shape's rank count.
-                dynamic = self.args.train.dynamic_batch_enable
                 shares = share_for_ranks([len(f.sequences) for f in fresh], composition, data_parallel_ranks(self.args),
                                          self.args.train.batch_size, micro, like=composition.fresh,
-                                         refill=ReplayConfigOf(self.args).refill, rebalanced=dynamic)
+                                         refill=ReplayConfig.from_namespace(self.args).refill, rebalanced=dynamic)
                 per_rank = [[_Stub(hi - lo, True) for lo, hi in s.parts] for s in shares]
                 batch = arrange_for_ranks(fresh, per_rank, [s.fresh for s in shares], equal=not dynamic)
             ray.get(self.group.async_run_method_batch(method_name="append", experience=batch))

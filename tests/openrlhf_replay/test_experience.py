@@ -195,22 +195,22 @@ def test_replayed_loss_inputs_are_the_stored_record_as_the_loss_reads_it():
 def test_inert_rows_complete_rleps_count_and_are_shared_over_the_ranks():
     import numpy as np
 
-    from openrlhf_replay.trainer.ppo_utils.experience_maker import replayed_for_ranks
+    from openrlhf_replay.trainer.ppo_utils.experience_maker import share_for_ranks
     from replay import Composition, RolloutBatch
     from replay.testing import random_batch
 
     replayed = random_batch(np.random.default_rng(3), 5, 1)  # 5 replayed rows, batches of 8: 3 inert
     comp = Composition(RolloutBatch.empty(), replayed, np.ones(5, np.float32), np.arange(5), inert=3)
-    parts = replayed_for_ranks(comp, 2)
-    assert [len(rows) for rows, _, _ in parts] == [4, 4]
-    assert [int(inert.sum()) for _, _, inert in parts] == [1, 2]  # rows 5-7, every other row: shared out
-    rows = RolloutBatch.concat([r for r, _, _ in parts])
-    inert = np.concatenate([i for _, _, i in parts])
-    weights = np.concatenate([w for _, w, _ in parts])
+    shares = share_for_ranks([], comp, 2, 8, 1)  # beside a full fresh batch: no fresh rows to place
+    assert [len(s.rows) for s in shares] == [4, 4]
+    assert [int(s.inert.sum()) for s in shares] == [1, 2]  # rows 5-7, every other row: shared out
+    rows = RolloutBatch.concat([s.rows for s in shares])
+    inert = np.concatenate([s.inert for s in shares])
+    weights = np.concatenate([s.weights for s in shares])
     assert np.all(weights[inert] == 0) and np.all(weights[~inert] == 1)
     for i in np.flatnonzero(inert):  # one response token, no loss on it, advantage 0
         one = rows.select([i])
         assert one.response_lengths[0] == 1 and not one.action_mask.any() and one.advantages[0] == 0
     assert sorted(rows.select(np.flatnonzero(~inert)).rewards.tolist()) == sorted(replayed.rewards.tolist())
     with pytest.raises(ValueError, match="cannot be split evenly over 2 ranks"):
-        replayed_for_ranks(Composition(RolloutBatch.empty(), replayed, np.ones(5, np.float32), np.arange(5)), 2)
+        share_for_ranks([], Composition(RolloutBatch.empty(), replayed, np.ones(5, np.float32), np.arange(5)), 2, 1, 1)

@@ -18,7 +18,7 @@ from openrlhf_replay.trainer.ppo_utils.experience import (  # noqa: E402
     mark_fresh,
     rollouts_to_experiences,
 )
-from openrlhf_replay.trainer.ppo_utils.experience_maker import arrange_for_ranks  # noqa: E402
+from openrlhf_replay.trainer.ppo_utils.experience_maker import arrange_for_ranks, share_for_ranks  # noqa: E402
 from replay import ReplayBuffer, ReplayConfig  # noqa: E402
 
 
@@ -59,10 +59,11 @@ def test_every_rank_gets_the_same_micro_batches_and_mix(local_ray, make_args, ra
     comp = buf.step(experiences_to_rollouts(fresh, 1, 4), 1, multiple_of=args.train.batch_size)
     k = len(comp.replayed)
     assert k == round(ratio * 64 / 16) * 16
-    share = k // ranks
-    per_rank = [rollouts_to_experiences(comp.replayed.select(list(range(r * share, (r + 1) * share))), fresh[0], 2, 0,
-                                        step=1) for r in range(ranks)]
-    arranged = arrange_for_ranks(fresh, per_rank)
+    shares = share_for_ranks([len(e.sequences) for e in fresh], comp, ranks, 16, 2)  # the experience maker's rule
+    per_rank = [[e for lo, hi in s.parts for e in rollouts_to_experiences(s.rows.select(list(range(lo, hi))),
+                                                                           fresh[0], hi - lo, 0, step=1)]
+                for s in shares]
+    arranged = arrange_for_ranks(fresh, per_rank, [s.fresh for s in shares])
 
     group = RayActorGroup(1, ranks, ray.remote(ChunkRecorder), num_gpus_per_actor=1)
     received = ray.get(group.async_run_method_batch(method_name="append", experience=arranged))

@@ -125,19 +125,16 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
                                        token_rewards=token_rewards)
 
     def split_rollout_samples(self, rollout_samples):
-        """Upstream's micro-batches of the fresh samples; when dynamic filtering left fewer than one
-        micro-batch per data-parallel rank (refill's short steps, the last step of an epoch), smaller
-        ones, so that every rank still gets one: upstream's forward dispatch refuses fewer items than
-        ranks. (Under dynamic batching upstream already makes at least one per rank.)"""
-        ranks, micro = data_parallel_ranks(self.args), self.args.rollout.micro_batch_size
-        if self.args.train.dynamic_batch_enable or len(rollout_samples) >= micro * ranks:
+        """Upstream's micro-batches of the fresh samples, at `fresh_micro_batch_size` rows (smaller
+        than --rollout.micro_batch_size only on a step too short for one a rank). Under dynamic
+        batching upstream already makes at least one a rank."""
+        micro = self.args.rollout.micro_batch_size
+        size = micro if self.args.train.dynamic_batch_enable else \
+            fresh_micro_batch_size(len(rollout_samples), micro, data_parallel_ranks(self.args))
+        if size == micro:
             return super().split_rollout_samples(rollout_samples)
-        if len(rollout_samples) < ranks:
-            raise ValueError(f"dynamic filtering kept {len(rollout_samples)} rollouts this step, fewer than the "
-                             f"{ranks} data-parallel ranks that each need one; widen --algo.dynamic_filtering_range "
-                             "or use fewer ranks")
         rollout = self.args.rollout
-        rollout.micro_batch_size = len(rollout_samples) // ranks  # upstream's split, at this size, this once
+        rollout.micro_batch_size = size  # upstream's split, at this size, this once
         try:
             return super().split_rollout_samples(rollout_samples)
         finally:
@@ -283,11 +280,16 @@ def _deal(needs: list[int], strided: bool) -> list[np.ndarray]:
     return [np.asarray(o, np.int64) for o in out]
 
 
-def replayed_for_ranks(comp, ranks: int) -> list[tuple[RolloutBatch, np.ndarray, np.ndarray]]:
-    """Each rank's replayed rows, their importance weights and inert flags (bool) beside a full
-    fresh batch: `share_for_ranks` with no fresh rows to place."""
-    return [(s.rows, s.weights, s.inert)
-            for s in share_for_ranks([], comp, ranks, 1 if not comp.inert else len(comp.replayed) + comp.inert, 1)]
+def fresh_micro_batch_size(rows: int, micro: int, ranks: int) -> int:
+    """Rows per fresh micro-batch: `micro`, or fewer when dynamic filtering left fewer rows than a
+    micro-batch a data-parallel rank (refill's short steps, the last step of an epoch), since
+    upstream's forward dispatch refuses fewer items than ranks. Fewer rows than ranks: an error."""
+    if rows >= micro * ranks:
+        return micro
+    if rows < ranks:
+        raise ValueError(f"dynamic filtering kept {rows} rollouts this step, fewer than the {ranks} data-parallel "
+                         "ranks that each need one; widen --algo.dynamic_filtering_range or use fewer ranks")
+    return rows // ranks
 
 
 def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
@@ -302,20 +304,14 @@ def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
 
 
 def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]],
-                      fresh_per_rank: list[slice] | None = None, equal: bool = True) -> list[Experience]:
-    """Rank r's contiguous chunk = its share of the fresh micro-batches (`fresh_per_rank[r]`, else
-    an equal share) + its replayed micro-batches. `equal=False` (dynamic batching, where upstream
+                      fresh_per_rank: list[slice], equal: bool = True) -> list[Experience]:
+    """Rank r's contiguous chunk = its share of the fresh micro-batches (`fresh_per_rank[r]`, from
+    `share_for_ranks`) + its replayed micro-batches. `equal=False` (dynamic batching, where upstream
     deals the rows again): the chunks may differ.
 
     Upstream cuts the list into `ranks` chunks of ceil(len / ranks): with the same number of items
     per rank, the cuts fall exactly on these boundaries.
     """
-    ranks = len(replayed_per_rank)
-    if fresh_per_rank is None:
-        if len(fresh) % ranks:
-            raise ValueError(f"{len(fresh)} fresh micro-batches cannot be split evenly over {ranks} ranks")
-        share = len(fresh) // ranks
-        fresh_per_rank = [slice(r * share, (r + 1) * share) for r in range(ranks)]
     chunks = [fresh[cut] + list(replayed) for cut, replayed in zip(fresh_per_rank, replayed_per_rank)]
     if equal and len({len(c) for c in chunks}) != 1:
         raise ValueError(f"the ranks would get {[len(c) for c in chunks]} micro-batches; upstream's chunking "
