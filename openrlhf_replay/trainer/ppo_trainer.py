@@ -67,7 +67,8 @@ class ReplayControllerMixin:
     def train_step(self, rollout_samples, global_step):
         self.experience_maker.step = global_step
         counts = getattr(getattr(self, "samples_generator", None), "counts", None)  # ReplaySamplesGenerator's (sync only)
-        self.experience_maker.refill_rows = counts.refill if counts is not None else 0
+        # Refill: no prompt replaced the filtered groups, so replay stands in for all their rows.
+        self.experience_maker.refill_rows = counts.filtered if counts is not None and self.replay_config.refill else 0
         status, next_step = super().train_step(rollout_samples, global_step)
         faults = self.experience_maker.reward_faults
         if faults is not None:

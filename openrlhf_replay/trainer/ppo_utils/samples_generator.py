@@ -29,12 +29,11 @@ logger = init_logger(__name__)
 
 @dataclass
 class GenerationCounts:
-    """One `generate_samples` call (one rollout step): rollouts generated, the filtered among them,
-    and which of those refill asks the replay buffer to stand in for."""
+    """One `generate_samples` call (one rollout step): rollouts generated, and the filtered among
+    them (with refill, the rows the replay buffer stands in for: no prompt replaced them)."""
 
     generated: int = 0
     filtered: int = 0
-    refill: int = 0  # rows of filtered groups not replaced by new prompts (--replay.refill)
 
     def metrics(self) -> dict[str, float]:
         return {"replay/generated_rollouts": float(self.generated), "replay/filtered_rollouts": float(self.filtered)}
@@ -50,14 +49,12 @@ class ReplaySamplesGenerator(SamplesGenerator):
     """`SamplesGenerator` whose last call's `counts` the controller logs (module docstring)."""
 
     counts: GenerationCounts = GenerationCounts()
-    _refill_rows: int = 0  # rows dropped by this call's own filter (refill), before upstream's buffering
 
     def generate_samples(self, **generate_kwargs):
-        self._refill_rows = 0
         samples, pass_rate, prompts_consumed, exhausted = super().generate_samples(**generate_kwargs)
         generated = prompts_consumed * generate_kwargs.get("n_samples_per_prompt",
                                                            self.args.rollout.n_samples_per_prompt)
-        self.counts = GenerationCounts(generated, generated - len(samples), self._refill_rows)
+        self.counts = GenerationCounts(generated, generated - len(samples))
         return samples, pass_rate, prompts_consumed, exhausted
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
@@ -73,8 +70,8 @@ class ReplaySamplesGenerator(SamplesGenerator):
             if any(e.scores is None for e in group) or not outside_range([e.scores[0].item() for e in group],
                                                                           low, high):
                 kept.extend(group)
-        self._refill_rows = len(experiences) - len(kept)
-        if self._refill_rows:
-            logger.info(f"replay.refill: dynamic filtering dropped {self._refill_rows // n} of {consumed} groups "
-                        "(mean score outside the range); replayed rollouts take their rows, no prompt is added")
+        dropped = (len(experiences) - len(kept)) // n
+        if dropped:
+            logger.info(f"replay.refill: dynamic filtering dropped {dropped} of {consumed} groups (mean score "
+                        "outside the range); replayed rollouts take their rows, no prompt is added")
         return kept, consumed, exhausted
