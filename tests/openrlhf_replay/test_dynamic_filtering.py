@@ -104,7 +104,7 @@ def test_refill_generator_applies_upstreams_range_rule_without_replacement(make_
     gen.args = args
     monkeypatch.setattr(SamplesGenerator, "_generate_vllm", upstream)  # vLLM's part: one pass, 4 groups
     kept, consumed, _ = gen._generate_vllm(iter(()), 4, True, n_samples_per_prompt=4)
-    assert calls == [False] and consumed == 4 and gen._refill_rows == 8
+    assert calls == [False] and consumed == 4 and len(samples) - len(kept) == 8  # the rows refill stands in for
     assert [id(e) for e in kept] == [id(e) for e in samples[0:4] + samples[8:12]]
     assert outside_range([0, 0], 0.01, 0.99) and outside_range([1, 1], 0.01, 0.99)
     assert not outside_range([0, 1], 0.01, 0.99) and outside_range([0, 1], 0.5, 0.99)  # bounds are exclusive
