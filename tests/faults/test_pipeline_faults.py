@@ -24,7 +24,6 @@ import errno
 import json
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from run_processes import TAG_ENV, left_after, new_tag, tagged_processes
+from tiny_run import BATCHES, DIGEST, LARGE_LR, PLATFORM
 
 pytestmark = pytest.mark.slow
 
@@ -48,23 +48,15 @@ ORPHANS_EXIT_S = 120
 REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio", "0.5"]
 # Upstream's default KL (in the reward): the buffer saved and restored holds per-token advantages.
 KL_IN_REWARD = ["--algo.kl.init_coef", "0.01"]
-DIGEST = re.compile(r"replay: (saved|restored) (\d+) rollouts (?:to|from) global_step(\d+)\.npz \(state (\w+)\)")
 
 
 def _command(tmp: Path, model: Path, ckpt: Path) -> list[str]:
     return [
         sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray",
         "--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl"),
-        "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
-        "--reward.remote_url", str(REWARD),
-        "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.sync_backend", "gloo",
-        "--vllm.enforce_eager", "--ds.attn_implementation", "sdpa", "--ds.zero_stage", "2",
-        "--ds.param_dtype", "bf16", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+        "--reward.remote_url", str(REWARD), *PLATFORM, *BATCHES, *LARGE_LR,
         *KL_IN_REWARD, "--algo.advantage.estimator", "group_norm",
-        "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.micro_batch_size", "4",
-        "--train.batch_size", "8", "--train.micro_batch_size", "4", "--train.num_episodes", "2",
-        "--rollout.max_new_tokens", "16", "--data.max_len", "128", "--data.max_samples", "16",
-        "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
+        "--train.num_episodes", "2", "--data.max_samples", "16",
         *REPLAY,
         "--ckpt.path", str(ckpt), "--ckpt.save_steps", "1", "--ckpt.max_num", "2", "--ckpt.load_enable",
         "--logger.tensorboard_dir", str(tmp / "tensorboard"), "--logger.wandb.run_name", "tb",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,30 +25,22 @@ import numpy as np
 import pytest
 
 from openrlhf_replay.cpu.quickstart import read_scalars
+from tiny_run import BATCHES, DIGEST, LARGE_LR, PLATFORM  # tests/support
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 REWARD = Path(__file__).with_name("parity_reward.py")
 RUN_TIMEOUT_S = 600
-DIGEST = re.compile(r"replay: (saved|restored) (\d+) rollouts (?:to|from) global_step(\d+)\.npz \(state (\w+)\)")
 
 
 def _command(tmp: Path, model: Path) -> list[str]:
     return [
         sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray", "--train.async_enable",
         "--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(tmp / "prompts.jsonl"),
-        "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
-        "--reward.remote_url", str(REWARD),
-        "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.sync_backend", "gloo",
-        "--vllm.enforce_eager", "--ds.attn_implementation", "sdpa", "--ds.zero_stage", "2",
-        "--ds.param_dtype", "bf16", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+        "--reward.remote_url", str(REWARD), *PLATFORM, *BATCHES, *LARGE_LR,
         "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
-        "--algo.advantage.is_correction_level", "token",
-        "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.micro_batch_size", "4",
-        "--train.batch_size", "8", "--train.micro_batch_size", "4",
-        "--rollout.max_new_tokens", "16", "--data.max_len", "128", "--data.max_samples", "16",
-        "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
+        "--algo.advantage.is_correction_level", "token", "--data.max_samples", "16",
         "--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio", "0.5",
         "--ckpt.path", str(tmp / "ckpt"), "--ckpt.save_steps", "1", "--ckpt.load_enable",
         "--logger.tensorboard_dir", str(tmp / "tensorboard"), "--logger.wandb.run_name", "tb",

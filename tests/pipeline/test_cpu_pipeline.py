@@ -44,6 +44,7 @@ import numpy as np
 import pytest
 
 from openrlhf_replay.cpu.quickstart import read_scalars
+from tiny_run import BATCHES, LARGE_LR, PLATFORM  # tests/support
 
 pytestmark = pytest.mark.slow
 
@@ -54,21 +55,13 @@ RUN_TIMEOUT_S = 600
 STEPS_PER_EPISODE = 2  # data.max_samples / rollout.batch_size
 
 COMMON = [
-    "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
-    "--reward.remote_url", str(REWARD),
-    "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.sync_backend", "gloo",
-    "--vllm.enforce_eager",
-    "--ds.attn_implementation", "sdpa", "--ds.zero_stage", "2", "--ds.param_dtype", "bf16",
-    "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+    "--reward.remote_url", str(REWARD), *PLATFORM, *BATCHES,
     "--algo.kl.init_coef", "0", "--algo.advantage.estimator", "group_norm",
     # vLLM's own log-probs travel with each sample; the actor logs their gap to its own as vllm_kl.
     "--algo.advantage.is_correction_level", "token",
-    "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4", "--rollout.micro_batch_size", "4",
-    "--train.batch_size", "8", "--train.micro_batch_size", "4",
-    "--rollout.max_new_tokens", "16", "--data.max_len", "128",
     "--data.max_samples", str(4 * STEPS_PER_EPISODE),
     # A large step, so that a vLLM engine left with the old weights is far from the actor.
-    "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant",
+    *LARGE_LR,
     "--logger.wandb.run_name", "tb",
 ]
 REPLAY = ["--replay.mode", "advantage", "--replay.warmup", "1", "--replay.ratio", "0.5"]
