@@ -15,7 +15,8 @@ import numpy as np
 
 import replay.exgrpo as exgrpo
 import replay.samplers as samplers
-from replay.composer import compose, compose_rlep, nominal_replay_count
+from replay.composer import Composition, compose, compose_rlep, nominal_replay_count
+from replay.record import RolloutBatch
 from replay.registry import ModeHooks, OffPolicyRule, ReplayMode, mode_names, off_policy_names, register_mode, \
     register_off_policy
 
@@ -131,6 +132,34 @@ register_mode(ReplayMode(
     no_refill="RLEP's replayed successes join the fresh group of their own prompt, and a filtered group has no rows "
               "left to join",
     count_text=_per_prompt_text, describe=_rlep_describe))
+
+# -------------------------------------------------------------------- age 0 (a control)
+
+
+def compose_age0(fresh, store, sampler, config, step, rng, multiple_of=1, *, divide_by_std=True, extra=0):
+    """A control, not a method: the replay part is drawn from this step's own fresh rollouts with
+    A != 0, so a step trains as many rows, and takes as many optimizer steps, as `uniform` does,
+    with no old data. After the warm-up, ratio x n rows: every such row once in a random order,
+    then again in the same order while more are needed (a step with fewer of them than that); none
+    when the step has none. The store is not read (its `indices` are empty); pi_old is the
+    behaviour log-prob, so a row's second pass is clipped against the policy that generated it."""
+    if extra:
+        raise ValueError("age0 cannot take the rows of filtered groups (replay.refill): it draws from the step's "
+                         "own rollouts, and a filtered group has none left")
+    eligible = np.flatnonzero(np.abs(fresh.advantages) > config.min_abs_advantage)
+    target = ratio_target(config, len(fresh), 0, multiple_of)
+    info = {"candidates": float(len(eligible)), "ess": float(len(eligible))}
+    if step < config.effective_warmup or not len(eligible) or not target:
+        return Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64), info)
+    rows = np.resize(rng.permutation(eligible), target)
+    return Composition(fresh, fresh.select(rows), np.ones(target, np.float32), np.zeros(0, np.int64), info)
+
+
+register_mode(ReplayMode(
+    name="age0", help="a control: the replay part is this step's own rollouts with A != 0 (no old data)",
+    sampler=samplers.uniform, knobs=lambda c: dict(replacement=c.replacement), keep="nonzero_advantage",
+    max_age_steps=1, composer=compose_age0, target=ratio_target, count_text=ratio_text,
+    no_refill="it draws from the step's own rollouts, and a filtered group has none left"))
 
 # -------------------------------------------------------------------- ExGRPO
 

@@ -55,8 +55,8 @@ import se_analysis  # noqa: E402
 import se_report  # noqa: E402
 from se_report import jsonable, summarize  # noqa: E402
 from infra.hardware import cpu_description  # noqa: E402
-from se_settings import (CONDITIONS, EPOCHS, FIRST_EDITION, LR_SCALE, ROLLOUT_TEMPERATURE,  # noqa: E402,F401
-                         Args, parse_args)
+from se_settings import (CONDITIONS, DYNAMIC_FILTERING, EDITION, ENDS_WITH_THE_POOL,  # noqa: E402,F401
+                         EPOCHS, FIRST_EDITION, LR_SCALE, ROLLOUT_TEMPERATURE, Args, parse_args)
 from se_task import (PROMPT_TEMPLATE, evaluate_heldout, rate_histogram, split_problems, success_rates,  # noqa: E402
                      warm_start, write_prompt_file)
 
@@ -66,6 +66,8 @@ from se_task import (PROMPT_TEMPLATE, evaluate_heldout, rate_histogram, split_pr
 def condition_flags(cond: str, a: Args) -> list[str]:
     """`--replay.*` flags of a condition; every other flag is shared (see train_command)."""
     shared = ["--replay.ratio", str(a.replay_ratio), "--replay.warmup", str(a.replay_warmup)]
+    uniform = ["--replay.mode", "uniform", "--replay.max_age", str(a.replay_max_age), *shared]
+    filtering = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0", "1"]
 
     def advantage(alpha: float, max_age: int) -> list[str]:
         return ["--replay.mode", "advantage", "--replay.max_age", str(max_age), "--replay.alpha", str(alpha),
@@ -76,9 +78,17 @@ def condition_flags(cond: str, a: Args) -> list[str]:
         "none_half_lr": ["--replay.mode", "none"],
         "none_half_prompts": ["--replay.mode", "none"],
         "none_2epochs": ["--replay.mode", "none"],
-        "uniform": ["--replay.mode", "uniform", "--replay.max_age", str(a.replay_max_age), *shared],
+        "none_matched": ["--replay.mode", "none"],
+        "none_df": ["--replay.mode", "none", *filtering],
+        "uniform": uniform,
+        "uniform_df": [*uniform, *filtering],
+        "refill": [*uniform, *filtering, "--replay.refill"],
+        "age0": ["--replay.mode", "age0", *shared],
         "advantage": advantage(0.5, a.replay_max_age),
         "advantage_alpha1": advantage(1.0, a.replay_max_age),
+        "advantage_alpha2": advantage(2.0, a.replay_max_age),
+        # ExGRPO's own store and draw (replay/modes.py): successes of partly solved questions, no age limit
+        "exgrpo": ["--replay.mode", "exgrpo", "--replay.success_threshold", "0.5", *shared],
         "advantage_tau2": advantage(0.5, 2),
         "advantage_tau40": advantage(0.5, 40),
         "naive": ["--replay.mode", "naive", "--replay.capacity", str(a.naive_capacity), *shared],
@@ -105,7 +115,7 @@ def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_di
         "--algo.advantage.estimator", "group_norm",
         "--rollout.n_samples_per_prompt", str(a.group_size), "--rollout.batch_size", str(a.prompts_of(cond)),
         "--rollout.micro_batch_size", "64", "--rollout.temperature", str(ROLLOUT_TEMPERATURE), "--rollout.top_p", "1.0",
-        "--train.batch_size", str(a.train_batch), "--train.micro_batch_size", str(a.train_batch),
+        "--train.batch_size", str(a.train_batch_of(cond)), "--train.micro_batch_size", str(a.train_batch_of(cond)),
         "--train.max_epochs", str(EPOCHS.get(cond, 1)), "--train.num_episodes", str(a.steps // a.pool_steps),
         "--train.seed", str(seed),
         "--actor.policy_loss_type", "ppo", "--actor.eps_clip_low_high", "0.2", "0.28",
@@ -131,14 +141,20 @@ def step_record(status: dict, a: Args, cond: str = "none") -> dict:
 
     `train_tokens`: response tokens entering the policy loss in the step, over all its passes
     (fresh rows' mean length x fresh rows + replayed rows' mean length x replayed rows).
-    `optimizer_steps`: the rows trained over --train.batch_size, RLEP's inert rows included (they
-    carry no loss but complete its last training batch, which is an optimizer step all the same)."""
+    `optimizer_steps`: the rows trained over the training batch, in whole batches (upstream's loader
+    drops a remainder), inert rows included (they carry no loss but complete a last training batch,
+    which is an optimizer step all the same). `generated_rollouts`: the dropped groups included:
+    replay counts them; upstream's dynamic filtering logs a pass rate of accepted rollouts per
+    consumed prompt (x 100), so the prompts it consumed are the fresh rollouts over it."""
     epochs = EPOCHS.get(cond, 1)  # passes over each batch
     fresh = status.get("rollout/num_samples", a.rollouts_of(cond))
     replayed = status.get("replay/replayed", status.get("replay/replayed_rollouts", 0.0)) or 0.0
     inert = status.get("replay/inert_rows", 0.0) or 0.0
     fresh_len = status.get("response_length", status["rollout/response_length_mean"])
     replay_len = status.get("replay/response_length_replay", fresh_len)
+    generated = status.get("replay/generated_rollouts")
+    if generated is None and status.get("dynamic_filtering_pass_rate"):
+        generated = round(fresh * 100 / status["dynamic_filtering_pass_rate"]) * a.group_size
     return {
         "step": status["step"],
         "reward": status["rollout/reward_mean"],
@@ -148,10 +164,9 @@ def step_record(status: dict, a: Args, cond: str = "none") -> dict:
         "ppo_train_s": status["timing/ppo_train"],
         "broadcast_s": status["timing/broadcast"],
         "fresh_rollouts": fresh,
-        # Generated, the groups dynamic filtering dropped included (docs/METHOD.md section 4).
-        "generated_rollouts": status.get("replay/generated_rollouts", fresh),
+        "generated_rollouts": fresh if generated is None else generated,
         "replayed_rollouts": replayed,
-        "optimizer_steps": epochs * (fresh + replayed + inert) / a.train_batch,
+        "optimizer_steps": epochs * ((fresh + replayed + inert) // a.train_batch_of(cond)),
         "train_tokens": epochs * (fresh * fresh_len + replayed * replay_len),
         "replay": {k: v for k, v in status.items() if k.startswith("replay/") and isinstance(v, (int, float))},
     }
@@ -210,14 +225,18 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
     run_dir = run_dir_of(a, cond, seed)
     trained = json.loads((run_dir / "steps.json").read_text())
     statuses = trained["steps"]
-    if len(statuses) != a.steps:
+    ends_early = cond in ENDS_WITH_THE_POOL and 0 < len(statuses) <= a.steps
+    if len(statuses) != a.steps and not ends_early:
         raise RuntimeError(f"{run_dir.name}: {len(statuses)}/{a.steps} steps trained; see {a.out_dir / 'session.log'}")
     t1 = time.perf_counter()
     evals = [{"step": 0, **a.__dict__["_step0_eval"]}]
-    for step in range(a.eval_every, a.steps + 1, a.eval_every):
+    for step in range(a.eval_every, len(statuses) + 1, a.eval_every):
         ckpt = run_dir / "ckpt" / f"global_step{step}_hf"
         evals.append({"step": step, **eval_record(evaluate_heldout(ckpt, heldout, **eval_settings(a)))})
         shutil.rmtree(ckpt)  # graded; the weights are not needed again (the final model stays in model/)
+    if evals[-1]["step"] != len(statuses):  # a run that ended with the pool: its final model
+        evals.append({"step": len(statuses),
+                      **eval_record(evaluate_heldout(run_dir / "model", heldout, **eval_settings(a)))})
     wall_s = trained["wall_s"]
     record = {"condition": cond, "seed": seed, "rollouts_per_step": a.rollouts_of(cond),
               "wall_s": wall_s, "eval_s": time.perf_counter() - t1,

@@ -75,15 +75,29 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from evaluation.metrics import aes
-from se_stats import (INTERVAL_KINDS, MIN_SEEDS_FOR_CI, minimal_detectable_effect,  # noqa: F401
-                      paired_difference, sign_flip_p, verdict)
+from se_stats import (ALPHA, INTERVAL_KINDS, MIN_SEEDS_FOR_CI, equivalence, holm,  # noqa: F401
+                      minimal_detectable_effect, paired_difference, sign_flip_p, verdict)
 
 BASELINE = "none"
 PRIMARY_SCORES = ("final_acc", "best_acc", "auc")
 SCORES = PRIMARY_SCORES + tuple(f"{k}_greedy" for k in PRIMARY_SCORES)
-PAIRS = (("advantage", "uniform"), ("advantage", "none_2epochs"), ("uniform", "none"), ("advantage", "none"),
-         ("none", "none_half_lr"))
-"""Paired comparisons of the summary: (A, B) is reported as `A_vs_B`, differences A - B."""
+KEY_PAIRS = (("uniform", "none"), ("uniform", "none_matched"), ("none_matched", "none"), ("uniform", "age0"),
+             ("age0", "none"), ("uniform", "none_2epochs"))
+"""Is replay more than extra updates? Uniform replay and GRPO, each against the two matched-update
+controls (plan.md, question 1)."""
+SELECTION_PAIRS = (("advantage_alpha1", "uniform"), ("advantage_alpha2", "uniform"), ("exgrpo", "uniform"))
+"""Does any selection beat uniform? Each resolves or is tested for equivalence (question 2)."""
+REFILL_PAIRS = (("refill", "none_df"), ("uniform_df", "none_df"), ("refill", "uniform_df"), ("none_df", "none"))
+"""Refill against dynamic filtering, with and without replay, per generated rollout (question 3)."""
+PREREGISTERED = KEY_PAIRS + SELECTION_PAIRS + REFILL_PAIRS
+"""The family Holm's adjustment runs over: those of these pairs whose two conditions the sweep
+plans (`summarize`'s `planned`), run or not (a pair not run counts as p = 1)."""
+EQUIVALENCE_MARGIN = 0.005
+"""+-0.5 points of the primary score: the margin of the selection pairs' equivalence tests."""
+PAIRS = PREREGISTERED + (("advantage", "uniform"), ("advantage", "none_2epochs"), ("advantage", "none"),
+                         ("none", "none_half_lr"))
+"""Paired comparisons of the summary: (A, B) is reported as `A_vs_B`, differences A - B (the last
+four: the third edition's, when their conditions are run)."""
 POSITIVE_CONTROL = ("none", "none_half_prompts")
 """GRPO minus GRPO on half the prompts per step, at the same steps: positive, since the control
 learns from half the rollouts with half the updates. (GRPO at half the LR, the first control,
@@ -292,7 +306,7 @@ def to_match_interval(runs: Sequence[Mapping], baseline_runs: Sequence[Mapping],
 # ----------------------------------------------------------------------------------- summary
 
 def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction: float = 0.98,
-              pairs: Sequence[tuple[str, str]] = PAIRS) -> dict:
+              pairs: Sequence[tuple[str, str]] = PAIRS, planned: Sequence[str] | None = None) -> dict:
     """The sweep's summary: per condition (figures in the module docstring) and per pair.
 
     {"conditions": {name: {"seeds": n, "best_acc", "final_acc", "auc", ...}},
@@ -300,7 +314,9 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
                           "final_acc_greedy": ..., ...}},
      "grpo_gain": the baseline's final_acc minus its step-0 accuracy, paired by seed,
      "positive_control": POSITIVE_CONTROL's final_acc difference (None when it did not run), ...}
-    Pairs whose conditions are not both present are left out.
+    Pairs whose conditions are not both present are left out. Each pre-registered pair's final_acc
+    also has `p_holm` (Holm over the pre-registered pairs of the `planned` conditions, default the
+    runs' own) and `resolved_holm`; a selection pair's has `equivalence` (`EQUIVALENCE_MARGIN`).
     """
     by_condition: dict[str, list[Mapping]] = {}
     for run in runs:
@@ -308,7 +324,7 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
     if baseline not in by_condition:
         raise ValueError(f"no run of the baseline condition {baseline!r}; have {sorted(by_condition)}")
     unit_s = unit_seconds(by_condition[baseline])
-    rollout_curves = {c: median_step_curve(rs, unit_s, "rollouts") for c, rs in by_condition.items()}
+    baseline_curve = median_step_curve(by_condition[baseline], unit_s, "rollouts")
     scores = {c: {r["seed"]: seed_scores(r) for r in rs} for c, rs in by_condition.items()}
     final = {}
     for c, rs in by_condition.items():
@@ -337,18 +353,40 @@ def summarize(runs: Sequence[Mapping], baseline: str = BASELINE, match_fraction:
             **_costs(rs, unit_s),
         }
     pair_stats = {f"{a}_vs_{b}": _pair(scores[a], scores[b]) for a, b in pairs if a in scores and b in scores}
+    _preregistered_tests(pair_stats, planned if planned is not None else list(by_condition))
     start = {r["seed"]: min(r["evals"], key=lambda e: e["step"])["accuracy"] for r in by_condition[baseline]}
     gain = paired_difference({s: v["final_acc"] for s, v in scores[baseline].items()}, start)
     control = _positive_control(scores)
     return {"baseline": baseline, "unit_s": unit_s, "match_fraction": match_fraction,
-            "match_threshold": match_fraction * float(np.nanmax(rollout_curves[baseline]["median"])),
+            "match_threshold": match_fraction * float(np.nanmax(baseline_curve["median"])),
             "grpo_gain": {k: gain[k] for k in ("n", "median", "interval", "interval_kind", "p", "resolved")},
             "positive_control": control, "conditions": conditions, "pairs": pair_stats}
 
 
+def _preregistered_tests(pair_stats: dict, planned: Sequence[str]) -> None:
+    """Holm-adjusted p and verdict on final_acc for the pre-registered pairs, and the selection
+    pairs' equivalence tests, added to `pair_stats` in place."""
+    family = [f"{a}_vs_{b}" for a, b in PREREGISTERED if a in planned and b in planned]
+    adjusted = holm({name: pair_stats[name]["final_acc"]["p"] if name in pair_stats else 1.0 for name in family})
+    for name in family:
+        if name in pair_stats:
+            stat = pair_stats[name]["final_acc"]
+            stat |= {"p_holm": adjusted[name], "holm_family": len(family),
+                     "resolved_holm": bool(stat["resolved"] and adjusted[name] < ALPHA)}
+    for a, b in SELECTION_PAIRS:
+        if f"{a}_vs_{b}" in pair_stats:
+            stat = pair_stats[f"{a}_vs_{b}"]["final_acc"]
+            stat["equivalence"] = equivalence(stat["diffs"], EQUIVALENCE_MARGIN)
+
+
 def _to_match(rs: Sequence[Mapping], baseline_runs: Sequence[Mapping], unit_s: float, match_fraction: float) -> dict:
     """Rollouts- and compute-to-match: the point estimate and its interval on the same seeds, the
-    condition's and the baseline's runs of the seeds both have (module docstring)."""
+    condition's and the baseline's runs of the seeds both have (module docstring). None for runs
+    evaluated at different steps (they ended with the pool at different steps): their median
+    curve has no common points to read off."""
+    if len({tuple(e["step"] for e in r["evals"]) for r in list(rs) + list(baseline_runs)}) > 1:
+        return {f"{name}_to_match_{k}": None for name in ("rollouts", "compute") for k in ("ratio", "interval")} | {
+            f"{name}_to_match_interval_kind": "n/a: runs end at different steps" for name in ("rollouts", "compute")}
     seeds = {r["seed"] for r in rs}
     matched = [r for r in baseline_runs if r["seed"] in seeds]
     out = {}

@@ -18,8 +18,10 @@ AXES = (("step", "training step"), ("rollouts", "generated rollouts"), ("compute
 COLOURS = {"none": "black", "none_half_lr": "tab:cyan", "none_half_prompts": "darkgoldenrod",
            "none_2epochs": "tab:grey", "uniform": "tab:blue", "advantage": "tab:red", "advantage_alpha1": "tab:purple",
            "advantage_tau2": "tab:pink", "advantage_tau40": "tab:brown", "naive": "tab:orange",
-           "freshness": "tab:green", "success": "tab:olive"}
-MAIN_PLOT = ("none", "none_2epochs", "uniform", "advantage")
+           "freshness": "tab:green", "success": "tab:olive", "none_matched": "dimgrey", "age0": "tab:cyan",
+           "advantage_alpha2": "magenta", "exgrpo": "tab:brown", "none_df": "darkgoldenrod", "uniform_df": "navy",
+           "refill": "tab:green"}
+MAIN_PLOT = ("none", "none_matched", "age0", "none_2epochs", "uniform")
 
 
 def plot(runs: list[dict], summary: dict, path: Path, conditions, iqr: bool = True) -> None:
@@ -63,14 +65,14 @@ def plot_bands(runs: list[dict], conditions, path: Path) -> None:
     for ax, band in zip(axes, bands):
         for cond in conditions:
             rs = [r for r in runs if r["condition"] == cond]
-            curves = [([e["step"] * r["rollouts_per_step"] for e in r["evals"]],
+            curves = [([se_analysis.generated_through(r)[e["step"]] for e in r["evals"]],
                        [e["by_band"][band] for e in r["evals"]]) for r in rs]
             agg = se_analysis.aggregate(curves)
             ax.plot(agg["x"], agg["median"], color=COLOURS.get(cond), label=cond, marker="o", ms=2)
             ax.fill_between(agg["x"], agg["q25"], agg["q75"], color=COLOURS.get(cond), alpha=0.12)
         ax.set_title(band)
         ax.set_xlabel("generated rollouts")
-    axes[0].set_ylabel("held-out accuracy (greedy)")
+    axes[0].set_ylabel("held-out accuracy (the primary metric)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -108,6 +110,8 @@ def _interval(st: dict, spec: str = "+.3f", key: str = "interval") -> str:
 
 
 def _ratio_ci(s: dict, axis: str) -> str:
+    if s[f"{axis}_to_match_interval"] is None:
+        return s[f"{axis}_to_match_interval_kind"]
     return f"{_fmt(s[f'{axis}_to_match_ratio'], '.2f')} {_interval(s, '.2f', f'{axis}_to_match_interval')}"
 
 
@@ -132,7 +136,8 @@ def table(summary: dict) -> str:
     out = [f"Sample-efficiency lab, task `{s['task']}`: {s['steps']} steps x {s['prompts_per_step']} prompts x "
            f"{s['group_size']} rollouts per condition; measured {summary['timing']['date']} on "
            f"{summary['timing']['cpu']}.", ""]
-    out += _conditions_table(summary) + [""] + _power_lines(summary) + [""] + _pairs_table(summary)
+    out += _conditions_table(summary) + [""] + _power_lines(summary) + [""] + _preregistered_table(summary)
+    out += [""] + _pairs_table(summary)
     if summary.get("warm_start"):
         out += _warm_start_table(summary["warm_start"], summary["primary_metric"]["name"])
     return "\n".join(out) + "\n"
@@ -166,6 +171,35 @@ def _conditions_table(summary: dict) -> list[str]:
                   "accuracy over generated rollouts / rollouts (the curve's mean). \"to match\": rollouts (compute "
                   f"units) for the median curve to first reach {summary['match_threshold']:.3f} "
                   f"({summary['match_fraction']} x GRPO's best median), over GRPO's own."]
+
+
+def _preregistered_table(summary: dict) -> list[str]:
+    """The pre-registered pairs on the primary score (plan.md): raw and Holm-adjusted p, MDE, and
+    for selection against uniform the equivalence test's verdict."""
+    rows = {name: st["final_acc"] for name, st in summary["pairs"].items() if "p_holm" in st["final_acc"]}
+    if not rows:
+        return []
+    family = next(iter(rows.values()))["holm_family"]
+    out = [f"Pre-registered pairs, final {summary['primary_metric']['name']} (plan.md): Holm's adjustment over the "
+           f"{family} pairs planned (a pair not run counts as p = 1); resolved = interval excludes 0 and Holm p "
+           "< 0.05. "
+           f"Selection against uniform: equivalent = both one-sided sign-flip tests of |A - B| < "
+           f"{se_analysis.EQUIVALENCE_MARGIN:.3f} give p < 0.05.", "",
+           "| pair | n | median A - B | interval | p | p (Holm) | MDE | equivalence (p) | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for name, st in rows.items():
+        a, b = name.split("_vs_")
+        eq = st.get("equivalence")
+        if st["resolved_holm"]:
+            words = f"resolved: {a} {'above' if st['median'] > 0 else 'below'} {b}"
+        elif eq and eq["equivalent"]:
+            words = f"equivalent within +-{eq['margin'] * 100:.1f} points"
+        else:
+            words = "not resolved" + (", not shown equivalent" if eq else "")
+        eq_cell = "" if eq is None else f"{'yes' if eq['equivalent'] else 'no'} ({eq['p']:.3f})"
+        out.append(f"| {name} | {st['n']} | {st['median']:+.3f} | {_interval(st)} | {st['p']:.4f} | "
+                   f"{st['p_holm']:.4f} | {_fmt(st.get('mde'), '.3f', '')} | {eq_cell} | {words} |")
+    return out
 
 
 def _pairs_table(summary: dict) -> list[str]:
@@ -228,7 +262,7 @@ def _pyplot():
 def summarize(a, runs: list[dict]) -> dict:
     """`se_analysis.summarize` of the runs, with the sweep's settings, metric, provenance, warm
     start and timing beside it."""
-    summary = se_analysis.summarize(runs)
+    summary = se_analysis.summarize(runs, planned=a.condition_list)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
                            if not k.startswith("_")}
     summary["primary_metric"] = {"name": f"held-out avg@{a.eval_samples}", "temperature": ROLLOUT_TEMPERATURE,

@@ -13,42 +13,60 @@ from se_task import TaskConfig, WarmStartConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
-CONDITIONS = ("none", "none_half_prompts", "none_half_lr", "none_2epochs", "uniform", "advantage", "advantage_alpha1",
-              "advantage_tau2", "advantage_tau40", "naive", "freshness", "success")
-HEADLINE = ("none", "none_half_prompts", "none_half_lr", "uniform", "advantage")
-"""Conditions that get `--seeds` seeds (the paired comparisons and the positive control rest on
-them); the others get `--ablation-seeds`."""
+CONDITIONS = ("none", "none_half_prompts", "none_half_lr", "none_2epochs", "none_matched", "age0", "uniform",
+              "advantage", "advantage_alpha1", "advantage_alpha2", "advantage_tau2", "advantage_tau40", "naive",
+              "freshness", "success", "exgrpo", "none_df", "uniform_df", "refill")
+EDITION = ("none", "uniform", "none_matched", "age0", "none_2epochs", "advantage_alpha1", "advantage_alpha2",
+           "exgrpo", "none_df", "uniform_df", "refill")
+"""The fourth edition's conditions, in the order pre-registered in
+benchmarks/results/sample_efficiency/plan.md (the default --conditions)."""
+KEY = ("none", "uniform", "none_matched", "age0", "none_2epochs", "none_half_prompts", "none_half_lr", "advantage")
+"""Conditions that get `--seeds` seeds (the key pairs rest on them); the others get
+`--ablation-seeds`."""
 FIRST_EDITION = ("none", "naive", "uniform", "advantage", "freshness", "none_2epochs")
-# The more-updates control: GRPO training each fresh batch twice, 4 optimizer steps per step where
-# the replay conditions take 3 (2 fresh + 1 replayed) and GRPO 2. If replay beats it too, the gain
-# is not only from taking more gradient steps per generated rollout.
+# The more-updates controls. GRPO training each fresh batch twice: 4 optimizer steps a step where
+# the replay conditions take 3 (2 fresh + 1 replayed) and GRPO 2.
 EPOCHS = {"none_2epochs": 2}
+# GRPO with replay's optimizer steps on its own fresh rollouts: training batches of 42, so 3 a step
+# (upstream's loader drops the 2 rows left over, 2 others each step as it shuffles), against
+# uniform's 3 after its warm-up (2 before it): 150 optimizer steps a run against 146.
+TRAIN_BATCH = {"none_matched": 42}
+# The other is the replay mode `age0` (replay/modes.py): uniform's draw, from the step's own A != 0
+# rollouts, so the same rows and optimizer steps with no old data.
+# Dynamic filtering (upstream's: a group of all-equal rewards is dropped). none_df and uniform_df
+# replace a dropped group by a new prompt, as upstream does, and so reach the end of the pool in
+# fewer steps; refill does not, and replay takes the dropped rows (--replay.refill). Every one of
+# them generates the whole pool's rollouts, as GRPO does, so their final scores compare at the
+# same generated rollouts, the dropped ones counted.
+DYNAMIC_FILTERING = ("none_df", "uniform_df", "refill")
+ENDS_WITH_THE_POOL = ("none_df", "uniform_df")
+"""Conditions whose run ends when the pool runs dry, before --steps: a last step of fewer
+prompts, graded on the final model."""
 # The positive control (se_analysis.POSITIVE_CONTROL): GRPO on half the prompts per step (8 x 8
 # rollouts, one update a step, a pool of half the size so that it too is passed once), whose
 # difference from GRPO at the same step is known in sign, so the sweep shows whether the lab can
-# see an effect.
+# see an effect. Resolved in the third edition (+1.6 points, 8 of 8 seeds); runs when named.
 PROMPTS_SCALE = {"none_half_prompts": 0.5}
 # The first positive control, GRPO at half its learning rate, was not resolved in the sweep of
 # 2026-12-03 (+0.2 points [-0.6, +1.2] at 8 seeds: half the LR learns as fast here, so the LR is not
 # what limits GRPO). It runs only when named in --conditions, so that sweep can be re-analysed.
 LR_SCALE = {"none_half_lr": 0.5}
-OPTIONAL = ("none_half_lr",)
 ROLLOUT_TEMPERATURE = 1.0
 """Rollouts are sampled at this temperature; the primary held-out metric samples at it too."""
 # Settings that depend on the task: the first edition's values for add2, so that it reruns as
 # published (48 steps, no prompt returns, 200 held-out, warm start to 0.3 checked every 10 steps).
 TASK_DEFAULTS = {
     # chosen in the pilot before the sweep: benchmarks/results/sample_efficiency/pilot.md
-    "mixed": {"steps": 50, "pool_steps": 50, "eval_every": 5, "heldout_size": 500, "target_accuracy": 0.25,
-              "warm_eval_every": 50, "conditions": ",".join(c for c in CONDITIONS if c not in OPTIONAL), "seeds": 8,
-              "ablation_seeds": 3},
+    "mixed": {"steps": 50, "pool_steps": 50, "eval_every": 10, "heldout_size": 500, "target_accuracy": 0.25,
+              "warm_eval_every": 50, "conditions": ",".join(EDITION), "seeds": 16,
+              "ablation_seeds": 12},
     "add2": {"steps": 48, "pool_steps": 48, "eval_every": 4, "heldout_size": 200, "target_accuracy": 0.3,
              "warm_eval_every": 10, "conditions": ",".join(FIRST_EDITION), "seeds": 3, "ablation_seeds": 3},
 }
 # The smoke test checks the lab's mechanics, not a result: its warm start stops at 0.05 held-out
 # accuracy (450 supervised steps here) where the sweep's goes on to 0.4 (1350 steps, 228 s idle).
 QUICK = {"steps": 10, "pool_steps": 5, "eval_every": 5, "seeds": 1, "ablation_seeds": 1,
-         "conditions": "none,uniform,advantage", "target_accuracy": 0.05}
+         "conditions": "none,uniform,none_df", "target_accuracy": 0.05}
 
 
 @dataclass
@@ -61,16 +79,16 @@ class Args:
     """`mixed` (five bands of spread difficulty) or `add2` (the first edition: two-digit addition,
     its conditions, seeds and settings, so its figures can be rerun)."""
     quick: bool = False
-    """The smoke test: one seed of none, uniform, advantage, 10 steps, the pool passed twice, from a
+    """The smoke test: one seed of none, uniform, none_df, 10 steps, the pool passed twice, from a
     warm start stopped at 0.05 held-out accuracy (its own cached model)."""
     conditions: str | None = None
-    """Comma-separated conditions (default: all but none_half_lr, which runs only when named; add2:
-    the first edition's six). `none` (GRPO) is the baseline and must be among them."""
+    """Comma-separated conditions (default: the fourth edition's eleven, `EDITION`; add2: the first
+    edition's six). `none` (GRPO) is the baseline and must be among them."""
     seeds: int | None = None
-    """Seeds of none, uniform, advantage, the positive control none_half_prompts and, when named,
-    none_half_lr (default 8; add2: 3)."""
+    """Seeds of the conditions of the key pairs: none, uniform, none_matched, age0, none_2epochs
+    (and, when named, none_half_prompts, none_half_lr, advantage) (default 16; add2: 3)."""
     ablation_seeds: int | None = None
-    """Seeds of every other condition (default 3)."""
+    """Seeds of every other condition (default 12; add2: 3)."""
     steps: int | None = None
     """Training steps per run (= rollout batches), the same for every condition (default 50; add2: 48)."""
     pool_steps: int | None = None
@@ -83,7 +101,12 @@ class Args:
     group_size: int = 8
     """Responses per prompt (`--rollout.n_samples_per_prompt`)."""
     train_batch: int = 64
-    """Rollouts per optimizer step (`--train.batch_size`)."""
+    """Rollouts per optimizer step (`--train.batch_size`); none_matched takes 42."""
+    policy_layers: int = 2
+    """Layers of the policy (a Qwen3 with heads of 32 dimensions, half as many KV heads)."""
+    policy_width: int = 128
+    """Its hidden size (the MLP's is 4 x); the default 2 x 128 has 0.53M parameters, the second
+    regime's 4 x 192 2.3M (4.3 x)."""
     lr: float = 1e-4
     """Actor learning rate (constant after a 3% warm-up, as common.sh); none_half_lr takes half."""
     max_new_tokens: int = 16
@@ -131,6 +154,8 @@ class Args:
                 setattr(self, name, value)
         if self.out_dir is None:
             suffix = ("_add2" if self.task == "add2" else "") + ("_quick" if self.quick else "")
+            if (self.policy_layers, self.policy_width) != (2, 128):
+                suffix += f"_L{self.policy_layers}W{self.policy_width}"
             self.out_dir = REPO / f"runs/sample_efficiency{suffix}"
         self.out_dir = Path(self.out_dir)
         names = self.condition_list
@@ -141,7 +166,7 @@ class Args:
         if self.steps % self.eval_every or self.steps % self.pool_steps:
             raise SystemExit(f"--steps {self.steps} must be a multiple of --eval-every {self.eval_every} (so the "
                              f"last step is evaluated) and of --pool-steps {self.pool_steps} (whole passes)")
-        if any(self.prompts_of(c) * self.group_size % self.train_batch for c in names):
+        if any(self.rollouts_of(c) % self.train_batch for c in names if c not in TRAIN_BATCH):
             raise SystemExit(f"fresh rollouts per step ({self.prompts_per_step} x {self.group_size}, half the prompts "
                              f"for none_half_prompts) must be a multiple of --train-batch {self.train_batch}")
         self.task_config  # checks the held-out size against the bands
@@ -169,14 +194,18 @@ class Args:
     def warm_start_config(self) -> WarmStartConfig:
         # add2 keeps the first edition's tokenizer (see WarmStartConfig.split_digits)
         return WarmStartConfig(target_accuracy=self.target_accuracy, eval_every=self.warm_eval_every,
-                               split_digits=self.task != "add2")
+                               split_digits=self.task != "add2", hidden_size=self.policy_width,
+                               num_hidden_layers=self.policy_layers, intermediate_size=4 * self.policy_width)
+
+    def train_batch_of(self, cond: str) -> int:
+        return TRAIN_BATCH.get(cond, self.train_batch)
 
     def prompts_of(self, cond: str) -> int:
         """Prompts per step of a condition (the positive control takes half)."""
         return int(self.prompts_per_step * PROMPTS_SCALE.get(cond, 1.0))
 
     def seeds_of(self, cond: str) -> int:
-        return self.seeds if cond in HEADLINE else self.ablation_seeds
+        return self.seeds if cond in KEY else self.ablation_seeds
 
 
 def parse_args(argv=None) -> Args:

@@ -29,20 +29,42 @@ def minimal_detectable_effect(diffs: Sequence[float], power: float = POWER, alph
     return float(t * d.std(ddof=1) / math.sqrt(d.size))
 
 
-def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 0) -> float:
-    """Two-sided p-value of the paired permutation test: under no difference each paired
-    difference is as likely to have the opposite sign, so p = the share of the 2**n sign
-    assignments whose |mean| is at least the observed one. Exact up to n = 16 differences,
-    else `n_resamples` random assignments (the observed one counted in). 1.0 for no differences."""
+def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 0, side: str = "two") -> float:
+    """p-value of the paired permutation test: under no difference each paired difference is as
+    likely to have the opposite sign, so p = the share of the 2**n sign assignments whose mean is
+    at least as extreme as the observed one: |mean| (`side` "two"), or mean itself ("greater": the
+    alternative is a positive mean). Exact up to n = 16 differences, else `n_resamples` random
+    assignments (the observed one counted in). 1.0 for no differences."""
     d = np.asarray(diffs, dtype=float)
     if d.size == 0:
         return 1.0
-    observed = abs(d.mean()) - 1e-12  # a tie with the observed statistic counts as extreme
+    stat = np.abs if side == "two" else (lambda m: m)
+    observed = stat(d.mean()) - 1e-12  # a tie with the observed statistic counts as extreme
     if d.size <= 16:
         signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))  # (2**n, n)
-        return float(np.mean(np.abs(signs @ d) / d.size >= observed))
+        return float(np.mean(stat(signs @ d / d.size) >= observed))
     signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(n_resamples, d.size))
-    return float((np.sum(np.abs(signs @ d) / d.size >= observed) + 1) / (n_resamples + 1))
+    return float((np.sum(stat(signs @ d / d.size) >= observed) + 1) / (n_resamples + 1))
+
+
+def holm(p: Mapping[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of a family of p-values (name -> p): the i-th smallest becomes
+    max over j <= i of min(1, (m - j + 1) p_(j)), so that rejecting where it is < alpha keeps the
+    family-wise error rate at alpha."""
+    order = sorted(p, key=p.get)
+    out, running = {}, 0.0
+    for j, name in enumerate(order):
+        running = max(running, min(1.0, (len(order) - j) * p[name]))
+        out[name] = running
+    return out
+
+
+def equivalence(diffs: Sequence[float], margin: float) -> dict:
+    """Two one-sided tests of |mean difference| < `margin`: the sign-flip test of d + margin > 0
+    and of margin - d > 0. Equivalent within the margin when the larger p is below ALPHA."""
+    d = np.asarray(diffs, dtype=float)
+    p = max(sign_flip_p(d + margin, side="greater"), sign_flip_p(margin - d, side="greater"))
+    return {"margin": margin, "p": p, "equivalent": bool(p < ALPHA)}
 
 
 def paired_difference(a: Mapping[int, float], b: Mapping[int, float], n_resamples: int = 10000,

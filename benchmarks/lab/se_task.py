@@ -361,8 +361,9 @@ def warm_start(out_dir: Path, task: TaskConfig, cfg: WarmStartConfig, log=print)
 
         base = build_tiny_qwen3(out_dir.parent / f"{out_dir.name}.random", corpus=corpus,
                                 vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                                num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=4,
-                                num_key_value_heads=2, head_dim=32,
+                                num_hidden_layers=cfg.num_hidden_layers,
+                                num_attention_heads=cfg.hidden_size // 32,
+                                num_key_value_heads=cfg.hidden_size // 64, head_dim=32,
                                 intermediate_size=cfg.intermediate_size, seed=cfg.seed)
         tokenizer = AutoTokenizer.from_pretrained(base)
         if cfg.split_digits:

@@ -261,6 +261,53 @@ def test_summarize_reports_the_positive_control():
     assert control["mde"] == pytest.approx(sa.minimal_detectable_effect([0.1 + 0.005 * s for s in range(1, 9)]))
 
 
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    adjusted = sa.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.5})
+    # sorted 0.01, 0.03, 0.04, 0.5: x4, x3, x2, x1, each at least the one before
+    assert adjusted == pytest.approx({"a": 0.04, "c": 0.09, "b": 0.09, "d": 0.5})
+    assert sa.holm({"a": 0.3, "b": 0.6}) == pytest.approx({"a": 0.6, "b": 0.6})  # capped by the running max
+
+
+def test_equivalence_needs_the_differences_inside_the_margin_on_both_sides():
+    tight = [0.001, -0.001, 0.0, 0.002, -0.002, 0.001, 0.0, -0.001, 0.001, 0.0, -0.001, 0.002]
+    assert sa.equivalence(tight, 0.005)["equivalent"]
+    assert sa.equivalence(tight, 0.005)["p"] == pytest.approx(1 / 4096)  # every sign assignment but one is smaller
+    assert not sa.equivalence([d + 0.005 for d in tight], 0.005)["equivalent"]  # centred on the upper margin
+    assert not sa.equivalence([0.01, -0.01, 0.02, -0.02, 0.0, 0.01], 0.005)["equivalent"]  # too spread
+
+
+def test_the_one_sided_sign_flip_p():
+    # all 3 positive is the most extreme of the 8 sign assignments; negated, the least
+    assert sa.sign_flip_p([1.0, 2.0, 3.0], side="greater") == pytest.approx(1 / 8)
+    assert sa.sign_flip_p([-1.0, -2.0, -3.0], side="greater") == 1.0
+
+
+def test_the_preregistered_pairs_get_holm_over_the_planned_family_and_selection_an_equivalence_test():
+    runs = [make_run("none", s, [0.2, 0.3, 0.30 + 0.001 * s]) for s in range(1, 9)]
+    runs += [make_run("uniform", s, [0.2, 0.3, 0.32 + 0.001 * s]) for s in range(1, 9)]
+    runs += [make_run("advantage_alpha1", s, [0.2, 0.3, 0.32 + 0.001 * s + 0.0005 * (-1) ** s]) for s in range(1, 9)]
+    summary = sa.summarize(runs, planned=list(se.EDITION))
+    key = summary["pairs"]["uniform_vs_none"]["final_acc"]
+    assert key["p"] == pytest.approx(2 / 256) and key["holm_family"] == 13
+    # 13 planned pairs, the others not run count as p = 1: the smallest p is multiplied by 13
+    assert key["p_holm"] == pytest.approx(13 * 2 / 256) and not key["resolved_holm"] and key["resolved"]
+    sel = summary["pairs"]["advantage_alpha1_vs_uniform"]["final_acc"]
+    assert sel["equivalence"]["margin"] == 0.005 and sel["equivalence"]["equivalent"]
+    assert "equivalence" not in key
+    alone = sa.summarize(runs[:16], planned=["none", "uniform"])["pairs"]["uniform_vs_none"]["final_acc"]
+    assert alone["holm_family"] == 1 and alone["p_holm"] == pytest.approx(2 / 256) and alone["resolved_holm"]
+
+
+def test_runs_that_end_with_the_pool_have_no_to_match_but_every_score():
+    runs = [make_run("none", s, [0.2, 0.3, 0.4]) for s in (1, 2)]
+    short = [make_run("none_df", s, [0.2, 0.35, 0.45]) for s in (1, 2)]
+    short[1]["evals"][-1]["step"] = 3  # this seed's pool ran dry a step earlier
+    short[1]["steps"] = short[1]["steps"][:3]
+    df = sa.summarize(runs + short)["conditions"]["none_df"]
+    assert df["rollouts_to_match_ratio"] is None and df["rollouts_to_match_interval_kind"].startswith("n/a")
+    assert df["final_acc"] == pytest.approx(0.45)
+
+
 def test_summarize_needs_the_baseline():
     with pytest.raises(ValueError, match="baseline"):
         sa.summarize([make_run("advantage", 1, [0.1, 0.2])])
@@ -293,6 +340,19 @@ def test_step_record_counts_updates_and_trained_tokens():
     assert se.step_record(bare, a)["fresh_rollouts"] == 128
 
 
+def test_step_record_of_the_new_conditions():
+    a = se.parse_args(["--out-dir", "/tmp/unused"])
+    # 128 fresh rows in batches of 42: upstream's loader drops the 2 left over, so 3 optimizer steps
+    assert se.step_record(STATUS, a, "none_matched")["optimizer_steps"] == 3
+    # upstream's filtering logs accepted rollouts per consumed prompt x 100: 128 / 25 prompts = 512
+    df = se.step_record({**STATUS, "dynamic_filtering_pass_rate": 512.0}, a, "none_df")
+    assert df["generated_rollouts"] == 25 * 8 and df["fresh_rollouts"] == 128
+    # replay counts them itself (the dropped groups included)
+    refill = se.step_record({**STATUS, "dynamic_filtering_pass_rate": 512.0, "replay/generated_rollouts": 128.0,
+                             "replay/replayed": 112.0}, a, "refill")
+    assert refill["generated_rollouts"] == 128 and refill["optimizer_steps"] == 3
+
+
 def _flag(cmd, name):
     return cmd[cmd.index(name) + 1]
 
@@ -300,25 +360,35 @@ def _flag(cmd, name):
 def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in_replay_and_epochs():
     a = se.parse_args(["--out-dir", "/tmp/unused"])
     commands = {c: se.train_command(a, c, 3, Path("m"), Path("d"), Path("r")) for c in se.CONDITIONS}
-    controls = ("--actor.adam.lr", "--rollout.batch_size", "--data.max_samples")
+    controls = ("--actor.adam.lr", "--rollout.batch_size", "--data.max_samples", "--train.batch_size",
+                "--train.micro_batch_size")
+    switches = ("--train.colocate_all", "--vllm.enforce_eager", "--ckpt.save_hf", "--ckpt.disable_ds",
+                "--algo.dynamic_filtering")
 
     def shared(cmd):
         flags = [w for w in cmd if w.startswith("--")]
         return [(f, _flag(cmd, f)) for f in flags if not f.startswith("--replay.") and f != "--train.max_epochs"
-                and f not in controls and not f.startswith(("--train.colocate_all", "--vllm.enforce_eager",
-                                                            "--ckpt.save_hf", "--ckpt.disable_ds"))]
+                and f not in controls and not f.startswith(switches)]
 
     reference = shared(commands["none"])
     assert all(shared(cmd) == reference for cmd in commands.values())
     # what the controls change: LR (none_half_lr), and half the prompts per step from a pool of half
     # the size (none_half_prompts: still 50 steps, one pass); 50 steps x 16 prompts: no prompt returns
-    expected = {c: ("0.0001", "16", "800") for c in se.CONDITIONS}
-    expected |= {"none_half_lr": ("5e-05", "16", "800"), "none_half_prompts": ("0.0001", "8", "400")}
+    # and none_matched's training batch of 42: 3 optimizer steps a step, as replay's
+    expected = {c: ("0.0001", "16", "800", "64", "64") for c in se.CONDITIONS}
+    expected |= {"none_half_lr": ("5e-05", "16", "800", "64", "64"),
+                 "none_half_prompts": ("0.0001", "8", "400", "64", "64"),
+                 "none_matched": ("0.0001", "16", "800", "42", "42")}
     assert {c: tuple(_flag(cmd, f) for f in controls) for c, cmd in commands.items()} == expected
     assert _flag(commands["none"], "--train.num_episodes") == "1"  # 50 steps, one pass
     assert _flag(commands["none"], "--train.seed") == "3" and _flag(commands["none"], "--replay.seed") == "3"
     assert {c: _flag(cmd, "--train.max_epochs") for c, cmd in commands.items() if c.startswith("none")} == \
-        {"none": "1", "none_half_prompts": "1", "none_half_lr": "1", "none_2epochs": "2"}
+        {"none": "1", "none_half_prompts": "1", "none_half_lr": "1", "none_2epochs": "2", "none_matched": "1",
+         "none_df": "1"}
+    # dynamic filtering (upstream's, dropping groups of equal rewards) in exactly its three conditions
+    assert {c for c, cmd in commands.items() if "--algo.dynamic_filtering_enable" in cmd} == \
+        {"none_df", "uniform_df", "refill"}
+    assert all(_flag(commands[c], "--algo.dynamic_filtering_range") == "0" for c in se.DYNAMIC_FILTERING)
 
 
 def test_condition_flags_of_the_ablations_and_rlep():
@@ -326,7 +396,14 @@ def test_condition_flags_of_the_ablations_and_rlep():
     flags = {c: se.condition_flags(c, a) for c in se.CONDITIONS}
     assert [_flag(flags[c], "--replay.max_age") for c in ("advantage", "advantage_tau2", "advantage_tau40")] \
         == ["10", "2", "40"]
-    assert [_flag(flags[c], "--replay.alpha") for c in ("advantage", "advantage_alpha1")] == ["0.5", "1.0"]
+    assert [_flag(flags[c], "--replay.alpha") for c in ("advantage", "advantage_alpha1", "advantage_alpha2")] \
+        == ["0.5", "1.0", "2.0"]
+    # the matched-update controls: age0 is a replay mode with uniform's ratio and warm-up, none_matched GRPO
+    assert flags["age0"] == ["--replay.mode", "age0", *flags["uniform"][4:]]
+    assert flags["none_matched"] == ["--replay.mode", "none"]
+    assert flags["uniform_df"][:len(flags["uniform"])] == flags["uniform"]
+    assert flags["refill"][-1] == "--replay.refill" and flags["refill"][:len(flags["uniform"])] == flags["uniform"]
+    assert _flag(flags["exgrpo"], "--replay.mode") == "exgrpo" and "--replay.max_age" not in flags["exgrpo"]
     assert _flag(flags["success"], "--replay.mode") == "success" and _flag(flags["success"], "--replay.per_prompt") == "2"
     assert "--replay.max_age" not in flags["success"]  # RLEP keeps every success
     assert _flag(flags["success"], "--replay.success_pool") == "/tmp/unused/data/success_pool.npz"  # offline
@@ -334,14 +411,20 @@ def test_condition_flags_of_the_ablations_and_rlep():
 
 def test_args_defaults_per_task_and_checks():
     full = se.parse_args(["--out-dir", "/tmp/unused"])
-    assert sum(full.seeds_of(c) for c in full.condition_list) == 4 * 8 + 7 * 3
-    assert "none_half_prompts" in full.condition_list and "none_half_lr" not in full.condition_list  # runs if named
+    # the plan's: the five conditions of the key pairs at 16 seeds, the other six at 12
+    assert full.condition_list == list(se.EDITION) and full.eval_every == 10
+    assert sum(full.seeds_of(c) for c in full.condition_list) == 5 * 16 + 6 * 12
+    assert "none_half_prompts" not in full.condition_list  # the third edition's control, run when named
+    large = se.parse_args(["--policy-layers", "4", "--policy-width", "192"])
+    assert large.out_dir.name == "sample_efficiency_L4W192"
+    assert (large.warm_start_config.num_hidden_layers, large.warm_start_config.hidden_size,
+            large.warm_start_config.intermediate_size) == (4, 192, 768)
     first = se.parse_args(["--task", "add2"])
     assert (first.steps, first.pool_steps, first.heldout_size, first.condition_list) == \
         (48, 48, 200, list(se.FIRST_EDITION))
     assert first.out_dir.name == "sample_efficiency_add2" and not first.warm_start_config.split_digits
     quick = se.parse_args(["--quick", "--steps", "20"])
-    assert quick.steps == 20 and quick.seeds == 1 and quick.condition_list == ["none", "uniform", "advantage"]
+    assert quick.steps == 20 and quick.seeds == 1 and quick.condition_list == ["none", "uniform", "none_df"]
     with pytest.raises(SystemExit):
         se.parse_args(["--steps", "45"])  # not whole passes over the pool of 10 steps
     with pytest.raises(SystemExit):
@@ -412,27 +495,39 @@ def test_a_tokenizer_that_merged_digits_is_refused():
 def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     out = tmp_path / "quick"
     quick = [sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick", "--out-dir", str(out),
-             "--conditions", "none,uniform,advantage,success"]
+             "--conditions", "none,age0,none_df,refill,success"]
     proc = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=1500,
                           env={**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert list(summary["conditions"]) == ["none", "uniform", "advantage", "success"]
-    for cond in ("uniform", "advantage", "success"):
-        assert summary["conditions"][cond]["replayed_per_step"] > 0  # replay really happened
-    assert set(summary["pairs"]) == {"advantage_vs_uniform", "uniform_vs_none", "advantage_vs_none"}
+    conds = summary["conditions"]
+    assert list(conds) == ["none", "age0", "none_df", "refill", "success"]
+    for cond in ("age0", "refill", "success"):
+        assert conds[cond]["replayed_per_step"] > 0  # replay really happened
+    assert set(summary["pairs"]) == {"age0_vs_none", "refill_vs_none_df", "none_df_vs_none"}
+    # the pool of 80 prompts passed twice: every condition generates its 1,280 rollouts, filtering's
+    # dropped groups counted, and none_df (new prompts for dropped groups) gets there in fewer steps
+    assert {c: s["total_rollouts"] for c, s in conds.items() if c != "success"} == \
+        {"none": 1280, "age0": 1280, "none_df": 1280, "refill": 1280}
+    runs = {r["condition"]: r for r in json.load(__import__("gzip").open(out / "runs.json.gz", "rt"))}
+    assert len(runs["none_df"]["steps"]) < 10 == len(runs["refill"]["steps"])
+    assert runs["none_df"]["evals"][-1]["step"] == len(runs["none_df"]["steps"])  # its final model, graded
+    assert sum(s["replay"]["replay/refilled_rows"] for s in runs["refill"]["steps"]) > 0
+    # age0's extra update: the step's own rows, as many as uniform would replay (0.5 x 128)
+    assert {s["replayed_rollouts"] for s in runs["age0"]["steps"][4:]} == {64.0}
+    assert all(s["replay"]["replay/age_mean"] == 0 for s in runs["age0"]["steps"][4:])
     assert len(summary["conditions"]["none"]["final_acc_by_band"]) == 5
     assert summary["warm_start"]["pool_size"] == 80
     # the primary metric: avg@8 at the rollout temperature, greedy beside it, in every evaluation
     assert summary["primary_metric"] == {"name": "held-out avg@8", "temperature": 1.0, "samples_per_problem": 8}
     evals = [e for r in json.load(__import__("gzip").open(out / "runs.json.gz", "rt")) for e in r["evals"]]
-    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["accuracy_greedy"] <= 1 for e in evals) and len(evals) == 12
+    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["accuracy_greedy"] <= 1 for e in evals)
     assert any(e["accuracy"] != e["accuracy_greedy"] for e in evals)  # two measurements, not one copied
-    assert "final_acc_greedy" in summary["pairs"]["advantage_vs_none"] and "grpo_gain" in summary
+    assert "final_acc_greedy" in summary["pairs"]["age0_vs_none"] and "grpo_gain" in summary
     assert summary["provenance"]["grader"]["math-verify"] and summary["provenance"]["git_commit"]
     for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz"):
         assert (out / name).is_file(), name
-    assert "training 3 run(s) in one session" in proc.stdout
+    assert "training 4 run(s) in one session" in proc.stdout
     # RLEP's pool is decoded by GRPO seed 1's final model, after that run and before `success` trains
     pool = out / "data" / "success_pool.npz"
     assert "success: RLEP's pool from none_seed1's model" in proc.stdout and pool.is_file()

@@ -3,7 +3,8 @@ run by tests/replay/test_state_machine.py on every registered mode, and by a new
 on that mode (README, "Adding a sampler or a mode": subclass with `MODE_CHOICES = ("<name>",)`).
 
 Invariants: size never above capacity; nothing older than the age limit; fresh rollouts never
-displaced; replay only of earlier steps; the reloaded twin draws exactly like the original.
+displaced; replay only of earlier steps (but for the age-0 control, which replays the step's own);
+the reloaded twin draws exactly like the original.
 """
 import math
 import tempfile
@@ -67,10 +68,16 @@ class BufferMachine(RuleBasedStateMachine):
         assert np.array_equal(fresh_rows.response_ids, fresh.response_ids)
         assert np.array_equal(fresh_rows.response_offsets, fresh.response_offsets)
         rep = comp.replayed
+        target = 0 if self.step < self.cfg.warmup else math.floor(self.cfg.ratio * len(fresh) + 0.5)
+        if self.cfg.mode == "age0":  # the control replays the step's own rows of A != 0, never the store's
+            assert np.all(rep.versions == self.step) and len(comp.indices) == 0
+            assert len(rep) == (target if np.any(fresh.advantages != 0) else 0)
+            assert set(rep.advantages.tolist()) <= set(fresh.advantages[fresh.advantages != 0].tolist())
+            return
         assert np.all(rep.versions < self.step)
         if limit is not None:
             assert np.all(self.step - rep.versions <= limit)
-        k = 0 if self.step < self.cfg.warmup else min(math.floor(self.cfg.ratio * len(fresh) + 0.5), available)
+        k = min(target, available)
         if self.cfg.mode in ("uniform", "advantage", "freshness"):
             assert len(rep) == (k if self.cfg.replacement else min(k, available))
             if not self.cfg.replacement and self.cfg.mode != "freshness":  # FreshPER always replaces
