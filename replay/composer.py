@@ -115,7 +115,7 @@ def compose(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: 
     k = replay_count(target, step, config.effective_warmup, len(store), multiple_of)
     refill = 0 if step < config.effective_warmup else min(extra, len(store) - k)
     if k + refill == 0:
-        return _fresh_only(fresh, inert=extra)
+        return fresh_only(fresh, inert=extra)
     draw = sampler(store.view(), k + refill, step, rng, fresh_prompt_uids=fresh.prompt_uids)
     # Only whole-group draws (naive) miss their count: drop the tail, cutting the last group short,
     # to a whole multiple (no refill) or to at most the count asked for (the refill's inert rows complete it).
@@ -141,10 +141,10 @@ def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, con
                          "fresh rows for its replayed successes to join")
     group_rows = np.sort(np.unique(fresh.group_ids, return_index=True)[1])  # each fresh group's first row
     if step < config.effective_warmup or not len(store) or not len(group_rows):
-        return _fresh_only(fresh)
+        return fresh_only(fresh)
     draw, host_row = _draw_per_group(fresh, group_rows, store, sampler, config, step, rng)
     if not len(draw.indices):
-        return _fresh_only(fresh, dict(draw.info))
+        return fresh_only(fresh, dict(draw.info))
     replayed = store.gather(draw.indices)
     replayed = replayed.replace(group_ids=fresh.group_ids[host_row].copy())  # each joins its host group
     # Dense group index over fresh + replayed; a group's rank = its first fresh row.
@@ -199,6 +199,7 @@ def _occurrence(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _fresh_only(fresh: RolloutBatch, info: dict[str, float] | None = None, inert: int = 0) -> Composition:
+def fresh_only(fresh: RolloutBatch, info: dict[str, float] | None = None, inert: int = 0) -> Composition:
+    """The step's batch with nothing replayed (the warm-up, an empty store or draw)."""
     return Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64), info or {},
                        inert=inert)

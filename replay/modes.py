@@ -15,8 +15,7 @@ import numpy as np
 
 import replay.exgrpo as exgrpo
 import replay.samplers as samplers
-from replay.composer import Composition, compose, compose_rlep, nominal_replay_count
-from replay.record import RolloutBatch
+from replay.composer import Composition, compose, compose_rlep, fresh_only, nominal_replay_count
 from replay.registry import ModeHooks, OffPolicyRule, ReplayMode, mode_names, off_policy_names, register_mode, \
     register_off_policy
 
@@ -150,13 +149,14 @@ def compose_age0(fresh, store, sampler, config, step, rng, multiple_of=1, *, div
     target = ratio_target(config, len(fresh), 0, multiple_of)
     info = {"candidates": float(len(eligible)), "ess": float(len(eligible))}
     if step < config.effective_warmup or not len(eligible) or not target:
-        return Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64), info)
+        return fresh_only(fresh, info)
     rows = np.resize(rng.permutation(eligible), target)
     return Composition(fresh, fresh.select(rows), np.ones(target, np.float32), np.zeros(0, np.int64), info)
 
 
 register_mode(ReplayMode(
     name="age0", help="a control: the replay part is this step's own rollouts with A != 0 (no old data)",
+    # the entry needs a sampler; compose_age0 never calls it (it does not read the store)
     sampler=samplers.uniform, knobs=lambda c: dict(replacement=c.replacement), keep="nonzero_advantage",
     max_age_steps=1, composer=compose_age0, target=ratio_target, count_text=ratio_text,
     no_refill="it draws from the step's own rollouts, and a filtered group has none left"))
