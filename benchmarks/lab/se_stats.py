@@ -35,6 +35,8 @@ def sign_flip_p(diffs: Sequence[float], n_resamples: int = 100_000, seed: int = 
     at least as extreme as the observed one: |mean| (`side` "two"), or mean itself ("greater": the
     alternative is a positive mean). Exact up to n = 16 differences, else `n_resamples` random
     assignments (the observed one counted in). 1.0 for no differences."""
+    if side not in ("two", "greater"):
+        raise ValueError(f"side={side!r}: use 'two' or 'greater' (for 'less', negate the differences)")
     d = np.asarray(diffs, dtype=float)
     if d.size == 0:
         return 1.0
