@@ -262,7 +262,7 @@ def _pyplot():
 def summarize(a, runs: list[dict]) -> dict:
     """`se_analysis.summarize` of the runs, with the sweep's settings, metric, provenance, warm
     start and timing beside it."""
-    summary = se_analysis.summarize(runs, planned=a.condition_list)
+    summary = se_analysis.summarize(runs, planned=a.holm_conditions)
     summary["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
                            if not k.startswith("_")}
     summary["primary_metric"] = {"name": f"held-out avg@{a.eval_samples}", "temperature": ROLLOUT_TEMPERATURE,

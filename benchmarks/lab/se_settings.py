@@ -154,7 +154,7 @@ class Args:
                 setattr(self, name, value)
         if self.out_dir is None:
             suffix = ("_add2" if self.task == "add2" else "") + ("_quick" if self.quick else "")
-            if (self.policy_layers, self.policy_width) != (2, 128):
+            if self.larger_policy:
                 suffix += f"_L{self.policy_layers}W{self.policy_width}"
             self.out_dir = REPO / f"runs/sample_efficiency{suffix}"
         self.out_dir = Path(self.out_dir)
@@ -169,6 +169,9 @@ class Args:
         if any(self.rollouts_of(c) % self.train_batch for c in names if c not in TRAIN_BATCH):
             raise SystemExit(f"fresh rollouts per step ({self.prompts_per_step} x {self.group_size}, half the prompts "
                              f"for none_half_prompts) must be a multiple of --train-batch {self.train_batch}")
+        if self.policy_width % 64:
+            raise SystemExit(f"--policy-width {self.policy_width}: use a multiple of 64 (heads of 32 dimensions, "
+                             "half as many KV heads)")
         self.task_config  # checks the held-out size against the bands
 
     @property
@@ -196,6 +199,18 @@ class Args:
         return WarmStartConfig(target_accuracy=self.target_accuracy, eval_every=self.warm_eval_every,
                                split_digits=self.task != "add2", hidden_size=self.policy_width,
                                num_hidden_layers=self.policy_layers, intermediate_size=4 * self.policy_width)
+
+    @property
+    def larger_policy(self) -> bool:
+        """The second regime's policy (plan.md question 4), not the default 2 x 128."""
+        return (self.policy_layers, self.policy_width) != (2, 128)
+
+    @property
+    def holm_conditions(self) -> tuple[str, ...]:
+        """The conditions whose pre-registered pairs are Holm's family (plan.md): the edition's, whichever
+        --conditions this call runs, so a call that runs some of them adjusts as the plan does; the
+        second regime's one pair on its own."""
+        return ("none", "uniform") if self.larger_policy else EDITION
 
     def train_batch_of(self, cond: str) -> int:
         return TRAIN_BATCH.get(cond, self.train_batch)

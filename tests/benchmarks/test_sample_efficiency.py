@@ -280,6 +280,8 @@ def test_the_one_sided_sign_flip_p():
     # all 3 positive is the most extreme of the 8 sign assignments; negated, the least
     assert sa.sign_flip_p([1.0, 2.0, 3.0], side="greater") == pytest.approx(1 / 8)
     assert sa.sign_flip_p([-1.0, -2.0, -3.0], side="greater") == 1.0
+    with pytest.raises(ValueError, match="side='less'"):
+        sa.sign_flip_p([1.0], side="less")
 
 
 def test_the_preregistered_pairs_get_holm_over_the_planned_family_and_selection_an_equivalence_test():
@@ -419,6 +421,11 @@ def test_args_defaults_per_task_and_checks():
     assert large.out_dir.name == "sample_efficiency_L4W192"
     assert (large.warm_start_config.num_hidden_layers, large.warm_start_config.hidden_size,
             large.warm_start_config.intermediate_size) == (4, 192, 768)
+    # Holm's family is the plan's whichever conditions a call runs; the second regime's pair is its own
+    assert se.parse_args(["--conditions", "none,uniform"]).holm_conditions == se.EDITION
+    assert large.holm_conditions == ("none", "uniform")
+    with pytest.raises(SystemExit, match="multiple of 64"):
+        se.parse_args(["--policy-width", "160"])
     first = se.parse_args(["--task", "add2"])
     assert (first.steps, first.pool_steps, first.heldout_size, first.condition_list) == \
         (48, 48, 200, list(se.FIRST_EDITION))
