@@ -144,8 +144,9 @@ def step_record(status: dict, a: Args, cond: str = "none") -> dict:
     `optimizer_steps`: the rows trained over the training batch, in whole batches (upstream's loader
     drops a remainder), inert rows included (they carry no loss but complete a last training batch,
     which is an optimizer step all the same). `generated_rollouts`: the dropped groups included:
-    replay counts them; upstream's dynamic filtering logs a pass rate of accepted rollouts per
-    consumed prompt (x 100), so the prompts it consumed are the fresh rollouts over it."""
+    the session counts the prompts each step consumed (`lab/prompts_consumed`, which also holds
+    those of a call that trained nothing); without it, replay's count, or upstream's filtering pass
+    rate (accepted rollouts per consumed prompt x 100: the fresh rollouts over it are the prompts)."""
     epochs = EPOCHS.get(cond, 1)  # passes over each batch
     fresh = status.get("rollout/num_samples", a.rollouts_of(cond))
     replayed = status.get("replay/replayed", status.get("replay/replayed_rollouts", 0.0)) or 0.0
@@ -153,7 +154,9 @@ def step_record(status: dict, a: Args, cond: str = "none") -> dict:
     fresh_len = status.get("response_length", status["rollout/response_length_mean"])
     replay_len = status.get("replay/response_length_replay", fresh_len)
     generated = status.get("replay/generated_rollouts")
-    if generated is None and status.get("dynamic_filtering_pass_rate"):
+    if "lab/prompts_consumed" in status:
+        generated = status["lab/prompts_consumed"] * a.group_size
+    elif generated is None and status.get("dynamic_filtering_pass_rate"):
         generated = round(fresh * 100 / status["dynamic_filtering_pass_rate"]) * a.group_size
     return {
         "step": status["step"],

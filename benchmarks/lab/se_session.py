@@ -96,18 +96,29 @@ def _controller_class():
             return self.trainer.get_max_steps()
 
         def fit(self) -> list[dict]:
-            """Broadcast the run's initial weights to vLLM, train, and return every step's status."""
-            trainer, statuses = self.trainer, []
-            save = trainer.save_logs_and_checkpoints
+            """Broadcast the run's initial weights to vLLM, train, and return every step's status,
+            with `lab/prompts_consumed`: the prompts generated since the step before (upstream's
+            loop logs no step for a call whose groups dynamic filtering all dropped; the last
+            step's count takes those of calls after it, which its final model paid for)."""
+            trainer, statuses, consumed = self.trainer, [], [0]
+            save, generate = trainer.save_logs_and_checkpoints, trainer.samples_generator.generate_samples
+
+            def counted(**kwargs):
+                out = generate(**kwargs)
+                consumed[0] += out[2]  # (samples, pass rate, prompts consumed, exhausted)
+                return out
 
             def record(global_step, logs_dict=None, client_states=None):
-                statuses.append({"step": global_step, **{k: v for k, v in (logs_dict or {}).items()
-                                                         if k != "generated_samples"}})
+                statuses.append({"step": global_step, "lab/prompts_consumed": consumed[0],
+                                 **{k: v for k, v in (logs_dict or {}).items() if k != "generated_samples"}})
+                consumed[0] = 0
                 return save(global_step, logs_dict, client_states)
 
-            trainer.save_logs_and_checkpoints = record
+            trainer.save_logs_and_checkpoints, trainer.samples_generator.generate_samples = record, counted
             trainer.broadcast_to_vllm()
             trainer.fit()
+            if statuses:
+                statuses[-1]["lab/prompts_consumed"] += consumed[0]
             del self.trainer
             return statuses
 

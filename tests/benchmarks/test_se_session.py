@@ -81,6 +81,7 @@ def test_each_run_starts_from_its_own_weights_in_the_actor_and_in_vllm(tmp_path)
     for name, run in runs.items():
         assert [s["step"] for s in run["steps"]] == [1, 2], name
         assert all(s["timing/step_total"] > 0 for s in run["steps"]), name
+        assert [s["lab/prompts_consumed"] for s in run["steps"]] == [4, 4], name  # the session's own count
     # each run had its own controller class: upstream's for the first, the replay one for the second
     assert "replay/size" in runs["replay"]["steps"][0] and "replay/size" not in runs["grpo"]["steps"][0]
 

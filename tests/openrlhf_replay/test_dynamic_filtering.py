@@ -110,6 +110,25 @@ def test_refill_generator_applies_upstreams_range_rule_without_replacement(make_
     assert not outside_range([0, 1], 0.01, 0.99) and outside_range([0, 1], 0.5, 0.99)  # bounds are exclusive
 
 
+def test_a_call_whose_groups_were_all_dropped_is_counted_with_the_next_step(make_args, rollout_samples,
+                                                                            monkeypatch):
+    """Upstream trains and logs nothing for a call that returned no sample (its loader's last prompts
+    all filtered, at an episode's end); their rollouts were generated all the same, so the next
+    step's count carries them. Its `filtered` stays its own call's: refill fills that step's rows."""
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+
+    samples = rollout_samples(2, 4, seed=6)
+    results = iter([(samples, 100.0, 3, False), ([], 0.0, 2, True), (samples[:4], 50.0, 2, False)])
+    monkeypatch.setattr(SamplesGenerator, "generate_samples", lambda self, **kw: next(results))
+    gen = object.__new__(ReplaySamplesGenerator)
+    gen.args = make_args("--algo.dynamic_filtering_enable", "--rollout.n_samples_per_prompt", 4)
+    gen.generate_samples()
+    assert (gen.counts.generated, gen.counts.filtered) == (12, 4)  # 3 prompts, one group dropped
+    assert gen.generate_samples()[0] == [] and gen.counts.generated == 12  # no step: nothing logged
+    gen.generate_samples()
+    assert (gen.counts.generated, gen.counts.filtered) == (8 + 8, 4) and gen.unlogged == 0
+
+
 def test_a_fresh_batch_too_short_for_a_micro_batch_a_rank_is_cut_finer(make_args, experience_maker_cls,
                                                                        rollout_samples):
     """Upstream's forward dispatch needs an item per rank: one group of 4 left over 2 ranks, with

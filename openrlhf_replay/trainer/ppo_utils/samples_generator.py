@@ -4,7 +4,9 @@ With `--algo.dynamic_filtering_enable`, upstream's `SamplesGenerator._generate_v
 0.11.2) drops a prompt group whose mean score is outside `--algo.dynamic_filtering_range` and
 dispatches one new prompt in its place, until the batch is full or the data loader runs dry. Every
 dispatched prompt was generated, so a step's generated rollouts are its prompts consumed x
-n_samples_per_prompt, the filtered ones included: `GenerationCounts` keeps that honest count.
+n_samples_per_prompt, the filtered ones included: `GenerationCounts` keeps that honest count. A
+call whose groups were all dropped (the loader's last prompts, at an episode's end) trains no step
+and upstream logs nothing for it; its rollouts are counted with the next step's.
 
 With `--replay.refill`, no prompt is dispatched in place of a dropped group: upstream's
 `_generate_vllm` runs with its filtering off (one pass over the step's prompts), and the same range
@@ -49,12 +51,17 @@ class ReplaySamplesGenerator(SamplesGenerator):
     """`SamplesGenerator` whose last call's `counts` the controller logs (module docstring)."""
 
     counts: GenerationCounts = GenerationCounts()
+    unlogged: int = 0  # rollouts of calls that returned no sample: no step was logged for them
 
     def generate_samples(self, **generate_kwargs):
         samples, pass_rate, prompts_consumed, exhausted = super().generate_samples(**generate_kwargs)
         generated = prompts_consumed * generate_kwargs.get("n_samples_per_prompt",
                                                            self.args.rollout.n_samples_per_prompt)
-        self.counts = GenerationCounts(generated, generated - len(samples))
+        if not samples:
+            self.unlogged += generated
+            return samples, pass_rate, prompts_consumed, exhausted
+        self.counts = GenerationCounts(generated + self.unlogged, generated - len(samples))
+        self.unlogged = 0
         return samples, pass_rate, prompts_consumed, exhausted
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
