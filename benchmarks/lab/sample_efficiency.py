@@ -31,8 +31,9 @@ instance, one vLLM engine, one policy actor for all, each run starting from the 
 again), because a launch of its own spends about as long starting its processes as a run
 trains; each run's `command.sh` is the same run as a launch of its own. A killed sweep, rerun
 with the same arguments, reruns only the runs without DONE or whose command changed (an
-unfinished run restarts from its beginning: runs are a minute or two long). The last line
-printed is the summary as one JSON object.
+unfinished run restarts from its beginning: runs are a minute or two long); `--archive FILE`
+carries finished runs to a later session's checkout (se_archive.py). The last line printed is
+the summary as one JSON object.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks/lab")]
 
 import se_analysis  # noqa: E402
+import se_archive  # noqa: E402
 import se_report  # noqa: E402
 from se_report import jsonable, summarize  # noqa: E402
 from infra.hardware import cpu_description  # noqa: E402
@@ -352,6 +354,10 @@ def main(argv=None) -> dict:
     (a.out_dir / "table.md").write_text(se_report.table(summary))
     se_report.write_plots(runs, summary, a.out_dir, order)
     log(f"wrote {a.out_dir / 'summary.json'}, table.md, runs.json.gz and the plots")
+    if a.archive:
+        warm = Path(json.loads((a.out_dir / "warm_start.json").read_text())["model"])
+        kept = se_archive.save(a.archive, a.out_dir, se_archive.weights_sha(warm))
+        log(f"archive {a.archive}: {kept} finished run(s)")
     print(se_report.table(summary))
     print(json.dumps(summary, default=jsonable))
     return summary
@@ -359,18 +365,25 @@ def main(argv=None) -> dict:
 
 def sweep(a: Args, log) -> list[dict]:
     """Train and evaluate every planned run not finished yet (one session at a time, retrying
-    what a dead session left); the records of every finished run, in plan order."""
+    what a dead session left; a run in `--archive` with the same fingerprint is restored, not
+    trained); the records of every finished run, in plan order."""
     model, data, heldout, _ = prepare(a, log)
+    weights, archived, restored = se_archive.weights_sha(model), se_archive.load(a.archive), 0
     planned = [(cond, seed) for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1)
                for cond in a.condition_list if seed <= a.seeds_of(cond)]  # seed-major: a cut-short sweep has them all
     records, pending = {}, []
     for cond, seed in planned:
         cmd = train_command(a, cond, seed, model, data, run_dir_of(a, cond, seed))
         record = finished_record(a, cond, seed, cmd)
+        kept = archived.get((cond, seed, se_archive.fingerprint(command_script(cmd), a.out_dir, weights)))
+        if record is None and kept is not None:
+            record, restored = se_archive.restore(run_dir_of(a, cond, seed), command_script(cmd), kept), restored + 1
         if record is None:
             pending.append((cond, seed, cmd))
         else:
             records[cond, seed] = record
+    if a.archive:
+        log(f"{restored} finished run(s) restored from {a.archive} (same command, same warm-start weights)")
     # `success` trains last: its pool comes from GRPO's seed 1, which must be finished first.
     later = [job for job in pending if job[0] == "success"]
     failed = train_all(a, [job for job in pending if job[0] != "success"], records, heldout, log)

@@ -141,6 +141,10 @@ class Args:
     """Warm start: supervised steps between checks (default 50; add2: 10)."""
     run_timeout_s: int = 900
     """A run that takes longer is killed and reported as failed."""
+    archive: Path | None = None
+    """A .json.gz of finished runs kept between sessions (se_archive.py): each call adds its
+    finished runs to it, and a planned run found in it (same command, same warm-start weights)
+    is restored instead of trained."""
     analyse_only: bool = False
     """Skip training: summarise and plot the finished runs in out_dir."""
     finalize: str = ""

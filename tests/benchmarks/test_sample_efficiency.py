@@ -505,9 +505,9 @@ def test_a_tokenizer_that_merged_digits_is_refused():
 def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     out = tmp_path / "quick"
     quick = [sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick", "--out-dir", str(out),
-             "--conditions", "none,age0,none_df,refill,success"]
-    proc = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=1500,
-                          env={**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"})
+             "--conditions", "none,age0,none_df,refill,success", "--archive", str(tmp_path / "kept.json.gz")]
+    env = {**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     conds = summary["conditions"]
@@ -541,6 +541,15 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     # RLEP's pool is decoded by GRPO seed 1's final model, after that run and before `success` trains
     pool = out / "data" / "success_pool.npz"
     assert "success: RLEP's pool from none_seed1's model" in proc.stdout and pool.is_file()
+    # a later checkout (another output dir) restores every run from the archive and trains none
+    again = subprocess.run([*quick[:quick.index("--out-dir") + 1], str(tmp_path / "again"),
+                            *quick[quick.index("--out-dir") + 2:]], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600, env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "5 finished run(s) restored" in again.stdout and "in one session" not in again.stdout
+    restored = json.loads(again.stdout.strip().splitlines()[-1])["conditions"]
+    assert {c: (s["total_rollouts"], s["final_acc_by_band"]) for c, s in restored.items()} == \
+        {c: (s["total_rollouts"], s["final_acc_by_band"]) for c, s in conds.items()}
     assert proc.stdout.index("RLEP's pool") > proc.stdout.index("none_seed1: trained")
     assert proc.stdout.index("RLEP's pool") < proc.stdout.index("training 1 run(s) in one session")
     assert load_pool(pool).successes_per_prompt()
