@@ -31,8 +31,9 @@ logger = init_logger(__name__)
 
 @dataclass
 class GenerationCounts:
-    """One `generate_samples` call (one rollout step): rollouts generated, and the filtered among
-    them (with refill, the rows the replay buffer stands in for: no prompt replaced them)."""
+    """One rollout step: rollouts generated (with those of calls before it that returned nothing),
+    and the filtered among this call's (with refill, the rows the replay buffer stands in for: no
+    prompt replaced them)."""
 
     generated: int = 0
     filtered: int = 0
