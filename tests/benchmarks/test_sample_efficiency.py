@@ -354,7 +354,8 @@ def test_step_record_of_the_new_conditions():
                              "replay/replayed": 112.0}, a, "refill")
     assert refill["generated_rollouts"] == 128 and refill["optimizer_steps"] == 3
     # the session's own count of prompts consumed comes first: it also holds a call that trained nothing
-    tail = se.step_record({**STATUS, "dynamic_filtering_pass_rate": 512.0, "lab/prompts_consumed": 34}, a, "none_df")
+    tail = se.step_record({**STATUS, "dynamic_filtering_pass_rate": 512.0, "lab/prompts_consumed": 34},
+                          a, "none_df")
     assert tail["generated_rollouts"] == 34 * 8 and tail["fresh_rollouts"] == 128
 
 
