@@ -25,7 +25,24 @@ from replay.record import REFUSAL_REASONS, ROLLOUT_FIELDS, TOKEN_COLUMNS, Rollou
 # such rollout (naive replay works on groups); success: reward > success_threshold; all; exgrpo:
 # the successes of groups with |A| >= min_abs_advantage, and one of each all-correct group as its
 # question's retirement marker (`replay/exgrpo_keep.py:keep_successes`).
-KEEP_RULES = ("nonzero_advantage", "nonzero_group", "success", "all", "exgrpo")
+def _informative_groups(batch: RolloutBatch, ok: np.ndarray, store: RolloutStore) -> np.ndarray:
+    """A group is kept whole when any of its valid rollouts is informative."""
+    informative = np.abs(batch.advantages) >= store.min_abs_advantage
+    _, group = np.unique(batch.group_ids, return_inverse=True)
+    group_informative = np.bincount(group, weights=informative & ok, minlength=group.max(initial=-1) + 1) > 0
+    return group_informative[group]
+
+
+# Each rule: (batch, ok, store) -> (n,) bool, the rollouts it stores among the valid ones (`ok`).
+_KEEP = {
+    "nonzero_advantage": lambda batch, ok, store: np.abs(batch.advantages) >= store.min_abs_advantage,
+    "nonzero_group": _informative_groups,
+    "success": lambda batch, ok, store: batch.rewards > store.success_threshold,
+    "all": lambda batch, ok, store: np.ones(len(batch), np.bool_),
+    "exgrpo": lambda batch, ok, store: keep_successes(batch, ok, threshold=store.success_threshold,
+                                                       min_abs_advantage=store.min_abs_advantage),
+}
+KEEP_RULES = tuple(_KEEP)
 SUCCESS_RULES = ("success", "exgrpo")  # rules that refuse failures: what they skip counts as unsuccessful
 COUNTER_KEYS = ("inserted", "skipped_zero_adv", "skipped_unsuccessful", "evicted_age", "evicted_capacity") + tuple(
     f"refused/{r}" for r in REFUSAL_REASONS
@@ -309,19 +326,7 @@ class RolloutStore:
             self._rows.assign(name, values)
 
     def _keep_rule(self, batch: RolloutBatch, ok: np.ndarray) -> np.ndarray:
-        if self.keep == "all":
-            return np.ones(len(batch), np.bool_)
-        if self.keep == "success":
-            return batch.rewards > self.success_threshold
-        if self.keep == "exgrpo":
-            return keep_successes(batch, ok, threshold=self.success_threshold, min_abs_advantage=self.min_abs_advantage)
-        informative = np.abs(batch.advantages) >= self.min_abs_advantage
-        if self.keep == "nonzero_advantage":
-            return informative
-        # nonzero_group: a group is kept whole when any of its valid rollouts is informative.
-        _, group = np.unique(batch.group_ids, return_inverse=True)
-        group_informative = np.bincount(group, weights=informative & ok, minlength=group.max(initial=-1) + 1) > 0
-        return group_informative[group]
+        return _KEEP[self.keep](batch, ok, self)
 
     # ---------------------------------------------------------------- reading
 
