@@ -1,23 +1,20 @@
-"""Sample-efficiency lab: does replay beat GRPO per generated rollout, and does priority by |A|
-beat uniform replay? Measured through the real pipeline on this machine.
+"""Sample-efficiency lab: does replay beat GRPO per generated rollout, and why? Trains each
+(condition, seed) through the real pipeline (the command of `python -m
+openrlhf_replay.cli.train_ppo_ray`: Ray + DeepSpeed + vLLM, on CPU through `openrlhf_replay.cpu`;
+see `se_session.py` for how runs share processes), every condition with the same prompts per step
+and the same steps, so the same generated rollouts, on the task of `se_task.py` (by default five
+arithmetic bands of spread difficulty, a 0.53M-parameter Qwen3 warm-started by supervised
+training). Seed s of every condition has the same prompt order (`--train.seed s`) and the same
+warm start. The prompts come from a pool passed over once every `--pool-steps` steps (by default
+once in the run: no prompt returns, so `success`, RLEP, replays from an offline pool that GRPO
+seed 1's final model decoded). Each run saves a Hugging Face checkpoint every `--eval-every`
+steps; after the run, each checkpoint is graded on the held-out split with the evaluation
+harness's backend and bounded grader. `se_analysis.summarize` turns the records into the summary
+(per condition, and paired differences over seeds), the plots show held-out accuracy and training
+reward against steps, generated rollouts and compute units (median and IQR over seeds).
 
-Trains each (condition, seed) through the real pipeline (the command of
-`python -m openrlhf_replay.cli.train_ppo_ray`: Ray + DeepSpeed + vLLM, on CPU through
-`openrlhf_replay.cpu`; see `se_session.py` for how runs share processes), every condition with
-the same prompts per step and the same steps, so the same generated rollouts, on the task of
-`se_task.py` (by default five arithmetic bands of spread difficulty, a 0.53M-parameter Qwen3
-warm-started by supervised training). Seed s of every condition has the same prompt order
-(`--train.seed s`) and the same warm start. The prompts come from a pool passed over once every
-`--pool-steps` steps (by default once in the run: no prompt returns, so `success`, RLEP, replays
-from an offline pool that GRPO seed 1's final model decoded). Each run saves a Hugging Face checkpoint every
-`--eval-every` steps; after the run, each checkpoint is graded on the held-out split with the
-evaluation harness's backend and bounded grader. `se_analysis.summarize` turns the records into
-the summary (per condition, and paired differences over seeds), the plots show held-out
-accuracy and training reward against steps, generated rollouts and compute units (median and
-IQR over seeds).
-
-    python benchmarks/lab/sample_efficiency.py                 # 11 conditions, 8 or 3 seeds each
-    python benchmarks/lab/sample_efficiency.py --quick         # none, uniform, advantage x 1 seed, 10 steps
+    python benchmarks/lab/sample_efficiency.py                 # 11 conditions, 16 or 12 seeds each
+    python benchmarks/lab/sample_efficiency.py --quick         # none, uniform, none_df x 1 seed, 10 steps
     python benchmarks/lab/sample_efficiency.py --task add2     # the first edition (two-digit addition)
     python benchmarks/lab/sample_efficiency.py --analyse-only  # re-summarise and re-plot finished runs
 
