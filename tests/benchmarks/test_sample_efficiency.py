@@ -524,8 +524,12 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     assert len(runs["none_df"]["steps"]) < 10 == len(runs["refill"]["steps"])
     assert runs["none_df"]["evals"][-1]["step"] == len(runs["none_df"]["steps"])  # its final model, graded
     assert sum(s["replay"]["replay/refilled_rows"] for s in runs["refill"]["steps"]) > 0
-    # age0's extra update: the step's own rows, as many as uniform would replay (0.5 x 128)
-    assert {s["replayed_rollouts"] for s in runs["age0"]["steps"][4:]} == {64.0}
+    # age0's extra update: the step's own A != 0 rows, as many as uniform would replay (0.5 x 128),
+    # and none on a step whose groups all had equal rewards (seen at this 0.05 warm start)
+    age0 = runs["age0"]["steps"][4:]
+    assert [s["replayed_rollouts"] for s in age0] == [64.0 if s["replay"].get("replay/candidates") else 0.0
+                                                     for s in age0]
+    assert sum(s["replayed_rollouts"] > 0 for s in age0) >= len(age0) // 2
     assert all(s["replay"]["replay/age_mean"] == 0 for s in runs["age0"]["steps"][4:])
     assert len(summary["conditions"]["none"]["final_acc_by_band"]) == 5
     assert summary["warm_start"]["pool_size"] == 80
