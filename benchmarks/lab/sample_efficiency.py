@@ -227,7 +227,7 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
     run_dir = run_dir_of(a, cond, seed)
     trained = json.loads((run_dir / "steps.json").read_text())
     statuses = trained["steps"]
-    ends_early = cond in ENDS_WITH_THE_POOL and 0 < len(statuses) <= a.steps
+    ends_early = (cond in ENDS_WITH_THE_POOL or a.generated_all(statuses, cond)) and 0 < len(statuses) <= a.steps
     if len(statuses) != a.steps and not ends_early:
         raise RuntimeError(f"{run_dir.name}: {len(statuses)}/{a.steps} steps trained; see {a.out_dir / 'session.log'}")
     t1 = time.perf_counter()

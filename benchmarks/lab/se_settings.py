@@ -186,6 +186,13 @@ class Args:
         """Fresh rollouts per step of a condition."""
         return self.prompts_of(cond) * self.group_size
 
+    def generated_all(self, statuses: list[dict], cond: str) -> bool:
+        """Whether a run's logged steps generated every planned rollout (`lab/prompts_consumed`).
+        With dynamic filtering a run may log fewer steps than planned: upstream skips a step
+        whose groups were all dropped, and the session counts its prompts with the next step's."""
+        consumed = sum(s.get("lab/prompts_consumed", 0) for s in statuses)
+        return consumed * self.group_size == self.steps * self.rollouts_of(cond)
+
     @property
     def pool_size(self) -> int:
         return self.pool_steps * self.prompts_per_step

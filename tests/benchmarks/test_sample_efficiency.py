@@ -415,6 +415,16 @@ def test_condition_flags_of_the_ablations_and_rlep():
     assert _flag(flags["success"], "--replay.success_pool") == "/tmp/unused/data/success_pool.npz"  # offline
 
 
+def test_a_run_is_complete_when_its_steps_generated_every_planned_rollout():
+    a = se.parse_args(["--quick", "--out-dir", "/tmp/unused"])  # 10 steps of 16 prompts x 8
+    steps = [{"step": i + 1, "lab/prompts_consumed": 16} for i in range(10)]
+    assert a.generated_all(steps, "refill")
+    skipped = steps[:8] + [{"step": 9, "lab/prompts_consumed": 32}]  # a step upstream skipped, counted on
+    assert a.generated_all(skipped, "refill")
+    assert not a.generated_all(steps[:9], "refill")  # a run that stopped short
+    assert not a.generated_all(steps[:9], "none_half_prompts")  # 8 prompts a step: 10 x 64 planned
+
+
 def test_args_defaults_per_task_and_checks():
     full = se.parse_args(["--out-dir", "/tmp/unused"])
     # the plan's: the five conditions of the key pairs at 16 seeds, the other six at 12
@@ -521,7 +531,9 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     assert {c: s["total_rollouts"] for c, s in conds.items() if c != "success"} == \
         {"none": 1280, "age0": 1280, "none_df": 1280, "refill": 1280}
     runs = {r["condition"]: r for r in json.load(__import__("gzip").open(out / "runs.json.gz", "rt"))}
-    assert len(runs["none_df"]["steps"]) < 10 == len(runs["refill"]["steps"])
+    # refill generates no replacement prompt, so it takes the planned 10 steps, one fewer for a step
+    # whose groups were all dropped (upstream skips it; its prompts count with the next step's)
+    assert len(runs["none_df"]["steps"]) < len(runs["refill"]["steps"]) <= 10
     assert runs["none_df"]["evals"][-1]["step"] == len(runs["none_df"]["steps"])  # its final model, graded
     assert sum(s["replay"]["replay/refilled_rows"] for s in runs["refill"]["steps"]) > 0
     # age0's extra update: the step's own A != 0 rows, as many as uniform would replay (0.5 x 128),
