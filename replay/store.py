@@ -20,22 +20,24 @@ from replay.chunk import Chunk
 from replay.exgrpo_keep import keep_successes
 from replay.record import REFUSAL_REASONS, ROLLOUT_FIELDS, TOKEN_COLUMNS, RolloutBatch, gather_segments, refusals
 
-# What an insertion keeps (errors and non-finite values are refused before any rule):
-# nonzero_advantage: |A| >= min_abs_advantage; nonzero_group: whole groups with at least one
-# such rollout (naive replay works on groups); success: reward > success_threshold; all; exgrpo:
-# the successes of groups with |A| >= min_abs_advantage, and one of each all-correct group as its
-# question's retirement marker (`replay/exgrpo_keep.py:keep_successes`).
+def _informative(batch: RolloutBatch, ok: np.ndarray, store: RolloutStore) -> np.ndarray:
+    return np.abs(batch.advantages) >= store.min_abs_advantage
+
+
 def _informative_groups(batch: RolloutBatch, ok: np.ndarray, store: RolloutStore) -> np.ndarray:
-    """A group is kept whole when any of its valid rollouts is informative."""
-    informative = np.abs(batch.advantages) >= store.min_abs_advantage
     _, group = np.unique(batch.group_ids, return_inverse=True)
-    group_informative = np.bincount(group, weights=informative & ok, minlength=group.max(initial=-1) + 1) > 0
-    return group_informative[group]
+    weights = _informative(batch, ok, store) & ok
+    return (np.bincount(group, weights=weights, minlength=group.max(initial=-1) + 1) > 0)[group]
 
 
-# Each rule: (batch, ok, store) -> (n,) bool, the rollouts it stores among the valid ones (`ok`).
+# What an insertion keeps, each rule (batch, ok, store) -> (n,) bool over the valid rollouts `ok`
+# (errors and non-finite values are refused before any rule): nonzero_advantage: |A| >=
+# min_abs_advantage; nonzero_group: whole groups with at least one such rollout (naive replay
+# works on groups); success: reward > success_threshold; all; exgrpo: the successes of groups with
+# |A| >= min_abs_advantage, and one of each all-correct group as its question's retirement marker
+# (`replay/exgrpo_keep.py:keep_successes`).
 _KEEP = {
-    "nonzero_advantage": lambda batch, ok, store: np.abs(batch.advantages) >= store.min_abs_advantage,
+    "nonzero_advantage": _informative,
     "nonzero_group": _informative_groups,
     "success": lambda batch, ok, store: batch.rewards > store.success_threshold,
     "all": lambda batch, ok, store: np.ones(len(batch), np.bool_),
