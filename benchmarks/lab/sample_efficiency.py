@@ -54,7 +54,7 @@ import se_archive  # noqa: E402
 import se_report  # noqa: E402
 from se_report import jsonable, summarize  # noqa: E402
 from infra.hardware import cpu_description  # noqa: E402
-from se_settings import (CONDITIONS, DYNAMIC_FILTERING, EDITION, ENDS_WITH_THE_POOL,  # noqa: E402,F401
+from se_settings import (CONDITIONS, DYNAMIC_FILTERING, EDITION,  # noqa: E402,F401
                          EPOCHS, FIRST_EDITION, LR_SCALE, ROLLOUT_TEMPERATURE, Args, parse_args)
 from se_task import (PROMPT_TEMPLATE, evaluate_heldout, rate_histogram, split_problems, success_rates,  # noqa: E402
                      warm_start, write_prompt_file)
@@ -227,9 +227,9 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
     run_dir = run_dir_of(a, cond, seed)
     trained = json.loads((run_dir / "steps.json").read_text())
     statuses = trained["steps"]
-    ends_early = (cond in ENDS_WITH_THE_POOL or a.generated_all(statuses, cond)) and 0 < len(statuses) <= a.steps
-    if len(statuses) != a.steps and not ends_early:
-        raise RuntimeError(f"{run_dir.name}: {len(statuses)}/{a.steps} steps trained; see {a.out_dir / 'session.log'}")
+    if not (0 < len(statuses) <= a.steps and a.generated_all(statuses, cond)):  # filtering can end a run early
+        raise RuntimeError(f"{run_dir.name}: {len(statuses)}/{a.steps} steps trained, not every planned rollout "
+                           f"generated; see {a.out_dir / 'session.log'}")
     t1 = time.perf_counter()
     evals = [{"step": 0, **a.__dict__["_step0_eval"]}]
     for step in range(a.eval_every, len(statuses) + 1, a.eval_every):

@@ -39,9 +39,6 @@ TRAIN_BATCH = {"none_matched": 42}
 # them generates the whole pool's rollouts, as GRPO does, so their final scores compare at the
 # same generated rollouts, the dropped ones counted.
 DYNAMIC_FILTERING = ("none_df", "uniform_df", "refill")
-ENDS_WITH_THE_POOL = ("none_df", "uniform_df")
-"""Conditions whose run ends when the pool runs dry, before --steps: a last step of fewer
-prompts, graded on the final model."""
 # The positive control (se_analysis.POSITIVE_CONTROL): GRPO on half the prompts per step (8 x 8
 # rollouts, one update a step, a pool of half the size so that it too is passed once), whose
 # difference from GRPO at the same step is known in sign, so the sweep shows whether the lab can
