@@ -279,6 +279,20 @@ def split_by_row_kind(status: dict) -> dict:
     return out
 
 
+def select_rows(exp: Experience, lo: int, hi: int) -> Experience:
+    """Rows lo:hi of a batched Experience: each per-row field (tensor, list, info entry) sliced,
+    the rest (None, 0-d values) shared."""
+    n = len(exp.sequences)
+
+    def cut(value):
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        per_row = isinstance(value, list) or (isinstance(value, torch.Tensor) and value.dim() > 0)
+        return value[lo:hi] if per_row and len(value) == n else value
+
+    return Experience(**{f.name: cut(getattr(exp, f.name)) for f in dataclasses.fields(Experience)})
+
+
 def set_row_flags(experiences: list[Experience], key: str, flags: np.ndarray) -> None:
     """info[key] := `flags` (row order over `experiences`), as 0.0 / 1.0 in the key's dtype."""
     row = 0
