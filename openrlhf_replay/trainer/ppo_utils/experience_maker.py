@@ -29,6 +29,7 @@ from openrlhf_replay.trainer.ppo_utils.experience import (
     mark_fresh,
     rollouts_to_experiences,
     select_rows,
+    set_pace,
     set_advantages,
     set_row_flags,
 )
@@ -58,6 +59,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.reward_faults = None  # the last step's samples scored 0 for a failed reward (`RewardFaults`)
         self._gae_calls: list[GaeCall] | None = None  # upstream's GAE calls on the fresh rows, while recorded
         self.refill_rows = 0  # rows dynamic filtering dropped this step, for replay to take (--replay.refill)
+        self.skipped_rows = 0  # rollouts of refill calls before this step that kept no group (paced, not trained)
         self.inert_rows = 0  # rows without loss the last step added (all kinds)
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
@@ -116,6 +118,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         batch = arrange_for_ranks(fresh, per_rank, [share.fresh for share in shares],
                                   equal=not args.train.dynamic_batch_enable,
                                   fresh_parts=[share.fresh_parts for share in shares])
+        set_pace(batch, self.skipped_rows)  # what each row counts for in the actors' LR schedules
         dump_step(self.step, batch, comp)
         return batch
 

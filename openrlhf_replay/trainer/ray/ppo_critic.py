@@ -18,11 +18,10 @@ and `fit` are wrapped; `CriticPPOTrainer.training_step` is wrapped.
 from __future__ import annotations
 
 import ray
-import torch
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
 
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY
+from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, paced_rows
 from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
 from openrlhf_replay.trainer.ray.ppo_actor import TRAINED_KINDS, count_trained_rows, rank_spread
 from openrlhf_replay.utils import undecorated
@@ -53,10 +52,8 @@ class _ReplayCriticModelActor(undecorated(CriticModelActor)):
                 self.trainer.replay_buffer.__class__ = AllRowsReplayBuffer
 
     def append(self, experience):
-        flags = experience.info.get(REPLAYED_KEY)
-        replayed = 0 if flags is None else int(torch.as_tensor(flags).bool().sum())
         self._rows["rows"] += len(experience.sequences)
-        self._rows["fresh_rows"] += len(experience.sequences) - replayed
+        self._rows["fresh_rows"] += paced_rows(experience)  # the policy actor's rule, so the schedules agree
         super().append(experience)
 
     def fit(self):
