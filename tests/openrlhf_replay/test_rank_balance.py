@@ -31,8 +31,8 @@ DYNAMIC = ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", 64, "--
 def _maker(make_args, experience_maker_cls, shape, *flags):
     args = make_args(*shape, "--algo.dynamic_filtering_enable", "--replay.mode", "advantage",
                      "--replay.max_age", 1000, *flags)
-    maker = experience_maker_cls(ReplayExperienceMaker, args, replay_buffer=ReplayBuffer(ReplayConfig.from_namespace(args)))
-    return maker, args
+    buffer = ReplayBuffer(ReplayConfig.from_namespace(args))
+    return experience_maker_cls(ReplayExperienceMaker, args, replay_buffer=buffer), args
 
 
 def _step(maker, args, samples, step: int, refill: bool):

@@ -29,8 +29,8 @@ from openrlhf_replay.trainer.ppo_utils.experience import (
     mark_fresh,
     rollouts_to_experiences,
     select_rows,
-    set_pace,
     set_advantages,
+    set_pace,
     set_row_flags,
 )
 from openrlhf_replay.trainer.ppo_utils.debug_dump import dump_step

@@ -6,7 +6,8 @@ and the returns recomputed from its stored rewards (`ppo_utils/critic.py`). What
 for the critic is what it changes for the policy actor (`ppo_actor.py`):
 
 - its LR schedule (upstream's default for the critic is `cosine_with_min_lr`) is sized from the
-  fresh batches, so it follows rollout steps (`lr_schedule.py`), or it would run past its end;
+  fresh batches, so it follows rollout steps (`lr_schedule.py`), or it would run past its end,
+  paced by the policy actor's own rule (`experience.py:paced_rows`), so the two schedules agree;
 - with dynamic batching it packs every row it holds (`dynamic_batch.py`), none dropped;
 - it reports the rows that reached its loss by kind, summed over its ranks
   (`replay/critic_trained_rows_{fresh,replayed}`), and its optimizer steps' spread over its ranks.
