@@ -34,9 +34,12 @@ class RolloutPacedLR(LambdaLR):
 
     def pace(self, fresh_rows: int, rows: int) -> None:
         """Before a rollout step's training: it trains on `rows` rows, `fresh_rows` of them fresh
-        (only the share matters; the actor passes sums over the ranks, the same on every rank)."""
-        if not 0 < fresh_rows <= rows:
-            raise ValueError(f"a rollout step trains on {fresh_rows} fresh of {rows} rows: need 0 < fresh <= rows")
+        (only the share matters; the actor passes sums over the ranks, the same on every rank).
+        `fresh_rows` counts the rows a step paces for (`experience.py:paced_rows`), which exceed
+        `rows` when it also paces a refill step that kept no group and so never ran: each of its
+        optimizer steps then moves the schedule by more than one step."""
+        if not (0 < fresh_rows and 0 < rows):
+            raise ValueError(f"a rollout step trains on {fresh_rows} fresh of {rows} rows: need both > 0")
         self.rollout_step_start = self.position
         self.rollout_step_rows = [fresh_rows, rows]
         self.optimizer_steps_in_rollout_step = 0

@@ -67,8 +67,11 @@ class ReplayControllerMixin:
     def train_step(self, rollout_samples, global_step):
         self.experience_maker.step = global_step
         counts = getattr(getattr(self, "samples_generator", None), "counts", None)  # ReplaySamplesGenerator's (sync only)
-        # Refill: no prompt replaced the filtered groups, so replay stands in for all their rows.
-        self.experience_maker.refill_rows = counts.filtered if counts is not None and self.replay_config.refill else 0
+        refill = counts is not None and self.replay_config.refill
+        # Refill: no prompt replaced the filtered groups, so replay stands in for all their rows,
+        # and this step paces the LR for the rollouts of refill calls that kept no group.
+        self.experience_maker.refill_rows = counts.filtered if refill else 0
+        self.experience_maker.skipped_rows = skipped_rollouts(counts, len(rollout_samples)) if refill else 0
         status, next_step = super().train_step(rollout_samples, global_step)
         faults = self.experience_maker.reward_faults
         if faults is not None:
@@ -107,6 +110,14 @@ class ReplayControllerMixin:
             self.replay = restore_replay_state(states, self.args, self.replay_config)
             self.experience_maker.replay = self.replay
         return states
+
+
+def skipped_rollouts(counts, kept: int) -> int:
+    """Rollouts of the refill calls before this step whose groups were all dropped: upstream's
+    `fit` loop gives an empty generation no step, so the step after it paces the LR for them
+    (`experience.py:set_pace`), and the schedule still ends at the run's last optimizer step.
+    They are what this step's count generated beyond its own kept and filtered rows."""
+    return counts.generated - kept - counts.filtered
 
 
 def rollout_accounting(fresh: int, counts, maker) -> dict[str, float]:

@@ -22,6 +22,7 @@ IS_WEIGHT_KEY = "replay/row_is_weight"  # info key: importance weight folded int
 AGE_KEY = "replay/row_age"  # info key: steps since the row was generated (0 for fresh rows)
 INERT_KEY = "replay/is_inert"  # info key: 1.0 on rows without loss that complete a step's last batch
 REFILL_KEY = "replay/is_refill"  # info key: 1.0 on rows standing for filtered ones (--replay.refill)
+PACE_KEY = "replay/row_pace"  # info key: rollouts generated that a row accounts for in the LR schedule
 
 
 def stored_token_columns(args) -> tuple[str, ...]:
@@ -279,6 +280,20 @@ def split_by_row_kind(status: dict) -> dict:
     return out
 
 
+def select_rows(exp: Experience, lo: int, hi: int) -> Experience:
+    """Rows lo:hi of a batched Experience: each per-row field (tensor, list, info entry) sliced,
+    the rest (None, 0-d values) shared."""
+    n = len(exp.sequences)
+
+    def cut(value):
+        if isinstance(value, dict):
+            return {k: cut(v) for k, v in value.items()}
+        per_row = isinstance(value, list) or (isinstance(value, torch.Tensor) and value.dim() > 0)
+        return value[lo:hi] if per_row and len(value) == n else value
+
+    return Experience(**{f.name: cut(getattr(exp, f.name)) for f in dataclasses.fields(Experience)})
+
+
 def set_row_flags(experiences: list[Experience], key: str, flags: np.ndarray) -> None:
     """info[key] := `flags` (row order over `experiences`), as 0.0 / 1.0 in the key's dtype."""
     row = 0
@@ -297,6 +312,29 @@ def mark_fresh(experiences: list[Experience]) -> None:
         exp.info[AGE_KEY] = torch.zeros(n)
         exp.info[INERT_KEY] = torch.zeros(n)
         exp.info[REFILL_KEY] = torch.zeros(n)
+        exp.info[PACE_KEY] = torch.ones(n)
+
+
+def set_pace(experiences: list[Experience], skipped_rows: int = 0) -> None:
+    """info[PACE_KEY] of a step's rows: 1 on a fresh row and on a refill row (it stands for a
+    filtered fresh one, inert or not), 0 on other replayed and inert rows; plus, spread evenly over
+    every row, `skipped_rows`: the rollouts of refill calls whose groups were all dropped, which
+    upstream's loop gave no step of their own (`ppo_trainer.py:skipped_rollouts`)."""
+    total = sum(len(e.sequences) for e in experiences)
+    for exp in experiences:
+        own = 1.0 - exp.info[REPLAYED_KEY] + exp.info[REFILL_KEY]
+        exp.info[PACE_KEY] = own + skipped_rows / total
+
+
+def paced_rows(experience: Experience) -> float:
+    """The rollouts generated that a micro-batch accounts for in the LR schedule, the one rule of
+    the policy actor and the critic (`lr_schedule.py`): the sum of its rows' `PACE_KEY` (after
+    upstream's `balance_experiences`, a list of 0-d tensors). Without the key (replay off) every
+    row is a fresh one."""
+    pace = experience.info.get(PACE_KEY)
+    if pace is None:
+        return float(len(experience.sequences))
+    return float(torch.as_tensor(pace, dtype=torch.float64).sum())
 
 
 def set_advantages(experiences: list[Experience], advantages: np.ndarray) -> None:

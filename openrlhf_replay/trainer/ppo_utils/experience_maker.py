@@ -28,7 +28,9 @@ from openrlhf_replay.trainer.ppo_utils.experience import (
     experiences_to_rollouts,
     mark_fresh,
     rollouts_to_experiences,
+    select_rows,
     set_advantages,
+    set_pace,
     set_row_flags,
 )
 from openrlhf_replay.trainer.ppo_utils.debug_dump import dump_step
@@ -57,6 +59,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.reward_faults = None  # the last step's samples scored 0 for a failed reward (`RewardFaults`)
         self._gae_calls: list[GaeCall] | None = None  # upstream's GAE calls on the fresh rows, while recorded
         self.refill_rows = 0  # rows dynamic filtering dropped this step, for replay to take (--replay.refill)
+        self.skipped_rows = 0  # rollouts of refill calls before this step that kept no group (paced, not trained)
         self.inert_rows = 0  # rows without loss the last step added (all kinds)
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
@@ -113,7 +116,9 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         # logged comes after the update: `ppo_trainer.py:train_step` adds `self.replay.metrics()`,
         # the step's rollout accounting and per-kind statistics.
         batch = arrange_for_ranks(fresh, per_rank, [share.fresh for share in shares],
-                                  equal=not args.train.dynamic_batch_enable)
+                                  equal=not args.train.dynamic_batch_enable,
+                                  fresh_parts=[share.fresh_parts for share in shares])
+        set_pace(batch, self.skipped_rows)  # what each row counts for in the actors' LR schedules
         dump_step(self.step, batch, comp)
         return batch
 
@@ -195,9 +200,10 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
 
 @dataclass
 class RankShare:
-    """One data-parallel rank's part of a step: its fresh micro-batches (a slice of the fresh list)
-    and its replayed rows (RLEP's, refill's and completing inert rows among them, flagged), cut
-    into micro-batches (`parts`, row ranges) so that every rank gets as many items as the others."""
+    """One data-parallel rank's part of a step: its fresh micro-batches (a slice of the fresh list,
+    cut into `fresh_parts` micro-batches) and its replayed rows (RLEP's, refill's and completing
+    inert rows among them, flagged), cut into micro-batches (`parts`, row ranges) so that every rank
+    gets as many items as the others."""
 
     fresh: slice
     rows: RolloutBatch
@@ -205,6 +211,7 @@ class RankShare:
     inert: np.ndarray  # (rows,) bool: rows without loss
     refill: np.ndarray  # (rows,) bool: rows that stand for filtered ones (--replay.refill; paces the LR as fresh)
     parts: list[tuple[int, int]]
+    fresh_parts: int  # >= the slice's micro-batches: more when its replayed rows are too few to make up the count
 
 
 def share_for_ranks(fresh_sizes: list[int], comp, ranks: int, batch_rows: int, micro: int, *,
@@ -216,25 +223,18 @@ def share_for_ranks(fresh_sizes: list[int], comp, ranks: int, batch_rows: int, m
 
     The fresh micro-batches (`fresh_sizes` rows each) go to the ranks in contiguous runs whose
     lengths differ by at most one; each rank's replayed rows fill it up to the step's rows / ranks.
-    A full fresh batch (the launcher makes it split evenly) gives every rank the same fresh share
-    and `micro`-row replayed micro-batches, as before; a short one (the last step of an epoch under
-    dynamic filtering, or refill's filtered groups) gives the ranks with fewer fresh rows more
-    replayed or inert ones. Inert rows are `inert_rollouts` of the replayed rows, else of `like`
-    (the fresh rollouts). `refill`: the composition's inert rows are refill's shortfall.
-    `rebalanced` (dynamic batching, whose `balance_experiences` deals every row over the ranks again
-    by length): only the step's total must split evenly; the replayed rows are shared out evenly."""
+    The micro-batch count a rank is the largest any rank needs with replayed micro-batches of at
+    most `micro` rows. A full fresh batch (the launcher makes it split evenly) gives every rank the
+    same fresh share and `micro`-row replayed micro-batches; a short one (the last step of an epoch
+    under dynamic filtering, or refill's filtered groups) gives the ranks with fewer fresh rows more
+    replayed or inert ones, and a rank whose replayed rows are too few to make up the count has its
+    fresh micro-batches cut finer (`fresh_parts`, `arrange_for_ranks`). Inert rows are
+    `inert_rollouts` of the replayed rows, else of `like` (the fresh rollouts). `refill`: the
+    composition's inert rows are refill's shortfall. `rebalanced` (dynamic batching, whose
+    `balance_experiences` deals every row over the ranks again by length): only the step's total
+    must split evenly; the replayed rows are shared out evenly."""
     n_fresh = sum(fresh_sizes)
-    replayed, weights = comp.replayed, comp.weights
-    inert_n = comp.inert + -(n_fresh + len(replayed) + comp.inert) % batch_rows
-    is_inert = np.r_[np.zeros(len(replayed), np.bool_), np.ones(inert_n, np.bool_)]
-    is_refill = np.zeros(len(is_inert), np.bool_)
-    is_refill[len(replayed) - comp.refilled:len(replayed) + (comp.inert if refill else 0)] = True
-    if inert_n:
-        source = replayed if len(replayed) else like
-        if source is None or not len(source):
-            raise ValueError(f"{inert_n} inert rows are needed, but there are no rows to shape them from")
-        replayed = RolloutBatch.concat([replayed, inert_rollouts(source, inert_n)])
-        weights = np.r_[weights, np.zeros(inert_n, np.float32)]
+    replayed, weights, is_inert, is_refill = _completed(comp, n_fresh, batch_rows, like, refill)
     total = n_fresh + len(replayed)
     if total % ranks:
         raise ValueError(f"{total} rows (fresh + replayed + inert) cannot be split evenly over {ranks} ranks")
@@ -247,21 +247,41 @@ def share_for_ranks(fresh_sizes: list[int], comp, ranks: int, batch_rows: int, m
         needs = [len(replayed) // ranks + (r < len(replayed) % ranks) for r in range(ranks)]
     if min(needs) < 0:
         raise ValueError(f"a rank holds {max(fresh_rows)} fresh rows, more than its {per_rank} of the step's {total}")
-    rows_of = _deal(needs, strided=bool(inert_n))
+    rows_of = _deal(needs, strided=len(replayed) > len(comp.replayed))
     fresh_items = [bounds[r + 1] - bounds[r] for r in range(ranks)]
     items = max(fresh_items[r] + -(-needs[r] // micro) for r in range(ranks))
     shares = []
     for r in range(ranks):
-        idx, parts_n = rows_of[r], items - fresh_items[r]
-        if rebalanced:
-            parts_n = -(-len(idx) // micro)
-        if parts_n > len(idx) or (len(idx) and not parts_n):
-            raise ValueError(f"rank {r}'s {len(idx)} replayed rows cannot make {parts_n} micro-batches "
-                             f"beside its {bounds[r + 1] - bounds[r]} fresh ones")
+        idx = rows_of[r]
+        # Every rank's chunk holds `items` micro-batches: its replayed rows make at most one a row,
+        # its fresh rows the rest (always enough: items <= per_rank, its rows).
+        parts_n = -(-len(idx) // micro) if rebalanced else min(items - fresh_items[r], len(idx))
+        fresh_parts = fresh_items[r] if rebalanced else items - parts_n
+        if fresh_parts > fresh_rows[r]:
+            raise ValueError(f"rank {r}'s {fresh_rows[r]} fresh and {len(idx)} replayed rows cannot make "
+                             f"{items} micro-batches")
         cuts = np.cumsum([0] + [len(idx) // parts_n + (i < len(idx) % parts_n) for i in range(parts_n)])
         shares.append(RankShare(slice(bounds[r], bounds[r + 1]), replayed.select(idx), weights[idx],
-                                is_inert[idx], is_refill[idx], list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))))
+                                is_inert[idx], is_refill[idx], list(zip(cuts[:-1].tolist(), cuts[1:].tolist())),
+                                fresh_parts))
     return shares
+
+
+def _completed(comp, n_fresh: int, batch_rows: int, like: RolloutBatch | None, refill: bool):
+    """The composition's replayed rows followed by the inert rows that complete the step to whole
+    training batches, with their weights (0 on inert rows) and inert and refill flags."""
+    replayed, weights = comp.replayed, comp.weights
+    inert_n = comp.inert + -(n_fresh + len(replayed) + comp.inert) % batch_rows
+    is_inert = np.r_[np.zeros(len(replayed), np.bool_), np.ones(inert_n, np.bool_)]
+    is_refill = np.zeros(len(is_inert), np.bool_)
+    is_refill[len(replayed) - comp.refilled:len(replayed) + (comp.inert if refill else 0)] = True
+    if inert_n:
+        source = replayed if len(replayed) else like
+        if source is None or not len(source):
+            raise ValueError(f"{inert_n} inert rows are needed, but there are no rows to shape them from")
+        replayed = RolloutBatch.concat([replayed, inert_rollouts(source, inert_n)])
+        weights = np.r_[weights, np.zeros(inert_n, np.float32)]
+    return replayed, weights, is_inert, is_refill
 
 
 def _deal(needs: list[int], strided: bool) -> list[np.ndarray]:
@@ -304,16 +324,33 @@ def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
 
 
 def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]],
-                      fresh_per_rank: list[slice], equal: bool = True) -> list[Experience]:
+                      fresh_per_rank: list[slice], equal: bool = True,
+                      fresh_parts: list[int] | None = None) -> list[Experience]:
     """Rank r's contiguous chunk = its share of the fresh micro-batches (`fresh_per_rank[r]`, from
-    `share_for_ranks`) + its replayed micro-batches. `equal=False` (dynamic batching, where upstream
-    deals the rows again): the chunks may differ.
+    `share_for_ranks`, cut into `fresh_parts[r]` micro-batches where given) + its replayed
+    micro-batches. `equal=False` (dynamic batching, where upstream deals the rows again): the
+    chunks may differ.
 
     Upstream cuts the list into `ranks` chunks of ceil(len / ranks): with the same number of items
     per rank, the cuts fall exactly on these boundaries.
     """
-    chunks = [fresh[cut] + list(replayed) for cut, replayed in zip(fresh_per_rank, replayed_per_rank)]
+    parts = fresh_parts if fresh_parts is not None else [None] * len(fresh_per_rank)
+    chunks = [cut_finer(fresh[cut], n) + list(replayed)
+              for cut, n, replayed in zip(fresh_per_rank, parts, replayed_per_rank)]
     if equal and len({len(c) for c in chunks}) != 1:
         raise ValueError(f"the ranks would get {[len(c) for c in chunks]} micro-batches; upstream's chunking "
                          "needs the same number on every rank")
     return [e for chunk in chunks for e in chunk]
+
+
+def cut_finer(items: list[Experience], parts: int | None) -> list[Experience]:
+    """`items` (a rank's fresh micro-batches, in order) as `parts` micro-batches: the largest is
+    halved until there are that many. Upstream's actor trains row by row, so only the count changes."""
+    pieces = [(e, 0, len(e.sequences)) for e in items]
+    while parts is not None and len(pieces) < parts:
+        i = max(range(len(pieces)), key=lambda j: pieces[j][2] - pieces[j][1])
+        e, lo, hi = pieces[i]
+        if hi - lo < 2:
+            raise ValueError(f"{sum(len(e.sequences) for e in items)} fresh rows cannot make {parts} micro-batches")
+        pieces[i:i + 1] = [(e, lo, (lo + hi) // 2), (e, (lo + hi) // 2, hi)]
+    return [e if hi - lo == len(e.sequences) else select_rows(e, lo, hi) for e, lo, hi in pieces]

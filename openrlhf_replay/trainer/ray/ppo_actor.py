@@ -33,7 +33,7 @@ from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_replay.trainer.exgrpo_loss import ShapedReplayPolicyLoss
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
-from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REFILL_KEY, REPLAYED_KEY, per_kind
+from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REPLAYED_KEY, paced_rows, per_kind
 from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
 from openrlhf_replay.trainer.ray.m2po import m2po_keep
 from openrlhf_replay.utils import undecorated
@@ -214,10 +214,7 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
         replayed_rows = 0 if flags is None else int(torch.as_tensor(flags).bool().sum())
         self._received["replayed" if replayed_rows else "fresh"] += 1
         self._received["rows"] += len(experience.sequences)
-        # The LR is paced by the rows the step generated: refill's rows stand for filtered fresh ones.
-        refill = experience.info.get(REFILL_KEY)
-        refill_rows = 0 if refill is None else int(torch.as_tensor(refill).bool().sum())
-        self._received["fresh_rows"] += len(experience.sequences) - replayed_rows + refill_rows
+        self._received["fresh_rows"] += paced_rows(experience)  # the critic's rule too
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0):

@@ -6,7 +6,8 @@ and the returns recomputed from its stored rewards (`ppo_utils/critic.py`). What
 for the critic is what it changes for the policy actor (`ppo_actor.py`):
 
 - its LR schedule (upstream's default for the critic is `cosine_with_min_lr`) is sized from the
-  fresh batches, so it follows rollout steps (`lr_schedule.py`), or it would run past its end;
+  fresh batches, so it follows rollout steps (`lr_schedule.py`), or it would run past its end,
+  paced by the policy actor's own rule (`experience.py:paced_rows`), so the two schedules agree;
 - with dynamic batching it packs every row it holds (`dynamic_batch.py`), none dropped;
 - it reports the rows that reached its loss by kind, summed over its ranks
   (`replay/critic_trained_rows_{fresh,replayed}`), and its optimizer steps' spread over its ranks.
@@ -18,11 +19,10 @@ and `fit` are wrapped; `CriticPPOTrainer.training_step` is wrapped.
 from __future__ import annotations
 
 import ray
-import torch
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
 
 from openrlhf_replay.trainer.lr_schedule import RolloutPacedLR, pace_by_rollout_steps
-from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY
+from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, paced_rows
 from openrlhf_replay.trainer.ray.dynamic_batch import AllRowsReplayBuffer
 from openrlhf_replay.trainer.ray.ppo_actor import TRAINED_KINDS, count_trained_rows, rank_spread
 from openrlhf_replay.utils import undecorated
@@ -53,10 +53,8 @@ class _ReplayCriticModelActor(undecorated(CriticModelActor)):
                 self.trainer.replay_buffer.__class__ = AllRowsReplayBuffer
 
     def append(self, experience):
-        flags = experience.info.get(REPLAYED_KEY)
-        replayed = 0 if flags is None else int(torch.as_tensor(flags).bool().sum())
         self._rows["rows"] += len(experience.sequences)
-        self._rows["fresh_rows"] += len(experience.sequences) - replayed
+        self._rows["fresh_rows"] += paced_rows(experience)  # the policy actor's rule, so the schedules agree
         super().append(experience)
 
     def fit(self):
