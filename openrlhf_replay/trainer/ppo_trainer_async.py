@@ -65,6 +65,11 @@ class _ReplayGenerateSamplesActor(undecorated(upstream.GenerateSamplesActor)):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.adapt_samples_generator()
+
+    def adapt_samples_generator(self) -> None:
+        """Upstream's samples generator (built by upstream's `__init__`), counting its calls and
+        stamping their versions."""
         self.samples_generator.__class__ = ReplaySamplesGenerator
         self.stamp_versions()
 

@@ -106,6 +106,36 @@ def test_each_off_policy_mode_feeds_upstreams_is_correction(make_args, experienc
         assert torch.allclose(pi_behaviour, torch.full_like(pi_behaviour, VLLM_LOGPROB))
 
 
+def test_the_generator_actors_counts_reach_the_training_actor_with_the_batch(make_args, counting_generator):
+    """Async: upstream filters in the generator actor, a separate process; what each of its calls
+    generated and filtered crosses to the training actor inside the batch (pickled, as Ray's queue
+    does), beside the version stamps, the all-dropped call's counts riding with the next batch."""
+    import pickle
+    from types import SimpleNamespace
+
+    from openrlhf_replay.rehearsal.standins import _Local, in_process_object_store
+    from openrlhf_replay.trainer.ppo_utils.samples_generator import GenerationCounts, take_generation_counts
+
+    args = make_args(*ASYNC, "--replay.mode", "advantage", "--algo.dynamic_filtering_enable",
+                     "--rollout.batch_size", 2, "--algo.dynamic_filtering_range", "0.01", "0.99")
+    actor = object.__new__(ours._ReplayGenerateSamplesActor)
+    actor.samples_generator, engines = counting_generator(args, ["mix", "1", "mix", "0", "1"])
+    actor.samples_generator.__class__ = upstream.SamplesGenerator  # as upstream's `__init__` builds it
+    actor.vllm_lock = SimpleNamespace(version=SimpleNamespace(remote=lambda: _Local(3)))
+    actor.adapt_samples_generator()
+    batches = []
+    with in_process_object_store():
+        for _ in range(3):  # "mix" + "mix" replacing "1"; "0" + "1" all dropped (none left); episode 2
+            samples, *_ = actor.samples_generator.generate_samples(n_samples_per_prompt=4)
+            if samples:  # what the actor's `fit` puts on the queue
+                batches.append(pickle.loads(pickle.dumps(samples)))
+    assert [take_generation_counts(b) for b in batches] == [
+        [GenerationCounts(generated=12, filtered=4)],
+        [GenerationCounts(generated=8, filtered=8), GenerationCounts(generated=12, filtered=4)]]
+    assert 12 + 8 + 12 == engines.generated
+    assert all(int(s.info[ours.VERSION_KEY]) == 3 for b in batches for s in b)
+
+
 def reentered_super_methods(cls, upstream_cls) -> list[str]:
     """Methods of `upstream_cls` that call zero-argument `super()` and that `cls` does not define
     itself: Ray ships such an inherited method by value, with a copy of its class in `super()`."""

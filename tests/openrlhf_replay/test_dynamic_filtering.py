@@ -110,36 +110,9 @@ def test_refill_generator_applies_upstreams_range_rule_without_replacement(make_
     assert not outside_range([0, 1], 0.01, 0.99) and outside_range([0, 1], 0.5, 0.99)  # bounds are exclusive
 
 
-class _Engines:
-    """Stands for vLLM and the reward (upstream's `_dispatch_prompts_to_vllm`): a prompt's label
-    says its group's scores, "0" all wrong, "1" all right, "mix" half right; counts what it generated."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.generated = n, 0
-
-    def __call__(self, prompts, labels, *, images=None, **generate_kwargs):
-        from openrlhf_replay.rehearsal.standins import _Local
-
-        self.generated += self.n * len(prompts)
-        scores = {"0": [0.0] * self.n, "1": [1.0] * self.n, "mix": [float(j % 2) for j in range(self.n)]}
-        return [_Local([{"observation_tokens": [5, 6, 7, 8], "action_ranges": [(2, 4)], "reward": s, "scores": s,
-                         "prompt": p, "label": label, "truncated": False, "rollout_log_probs": None,
-                         "extra_logs": {}} for s in scores[label]]) for p, label in zip(prompts, labels)]
-
-
-def _counting_generator(args, labels):
-    """Replay's samples generator over a loader of one prompt a batch (as upstream's), generating
-    through upstream's own `generate_samples` and `_generate_vllm` loop (filtering, replacements)."""
-    from openrlhf.utils import get_strategy
-
-    loader = [([i], [f"q{i}"], [label], [None]) for i, label in enumerate(labels)]
-    gen = ReplaySamplesGenerator(get_strategy(args), loader, None, None, [])
-    gen._dispatch_prompts_to_vllm = engines = _Engines(args.rollout.n_samples_per_prompt)
-    return gen, engines
-
-
 @pytest.mark.parametrize("refill", [False, True])
-def test_each_step_carries_what_its_generation_calls_generated_and_filtered(make_args, refill):
+def test_each_step_carries_what_its_generation_calls_generated_and_filtered(make_args, counting_generator,
+                                                                            refill):
     """Counted in the generator, by the call, and handed to training with the batch (so the async
     generator actor's counts reach the training actor). A call whose groups were all dropped (the
     loader's last prompts) trains no step and upstream logs nothing for it: its rollouts and its
@@ -150,7 +123,7 @@ def test_each_step_carries_what_its_generation_calls_generated_and_filtered(make
     args = make_args("--replay.mode", "advantage", "--algo.dynamic_filtering_enable", "--rollout.batch_size", 4,
                      "--algo.dynamic_filtering_range", "0.01", "0.99", *(["--replay.refill"] if refill else []))
     replacement = [] if refill else ["mix"]  # what upstream dispatches in place of the dropped "0"
-    gen, engines = _counting_generator(args, ["mix", "0", "mix", "mix", *replacement, "1", "0"])
+    gen, engines = counting_generator(args, ["mix", "0", "mix", "mix", *replacement, "1", "0"])
     logged = []
     with in_process_object_store():
         for _ in range(3):  # episode 1's two calls (the second all dropped), episode 2's first
@@ -169,12 +142,12 @@ def test_each_step_carries_what_its_generation_calls_generated_and_filtered(make
     assert not any(GENERATION_KEY in s.info for s in samples)  # taken off: upstream sees its own info
 
 
-def test_eval_generation_is_not_counted_as_training_rollouts(make_args):
+def test_eval_generation_is_not_counted_as_training_rollouts(make_args, counting_generator):
     from openrlhf_replay.rehearsal.standins import in_process_object_store
     from openrlhf_replay.trainer.ppo_utils.samples_generator import take_generation_counts
 
     args = make_args("--replay.mode", "advantage", "--rollout.batch_size", 2)
-    gen, engines = _counting_generator(args, ["mix", "0", "1", "mix"])
+    gen, engines = counting_generator(args, ["mix", "0", "1", "mix"])
     gen.eval_dataloader = [([0], ["e0"], ["1"], [None])]
     with in_process_object_store():
         samples, *_ = gen.generate_samples(n_samples_per_prompt=4)
