@@ -1,7 +1,8 @@
 """Dynamic filtering with replay, at the level of one step (docs/METHOD.md section 2, "Dynamic
 filtering"): a short fresh batch over 2 ranks, refill's rows, and upstream's range rule in the
-samples generator's no-replacement seam. Real Experience objects from upstream's own split and
-advantage code; upstream's chunking rule decides what each rank receives. The whole pipeline runs
+samples generator's no-replacement seam, and what each generation call is counted as. Real
+Experience objects from upstream's own split and advantage code; upstream's chunking rule decides
+what each rank receives. The whole pipeline runs
 it in tests/pipeline/test_cpu_pipeline.py (the `replay` run) and the rehearsal at GPU shape."""
 import copy
 
@@ -116,7 +117,8 @@ def test_each_step_carries_what_its_generation_calls_generated_and_filtered(make
     """Counted in the generator, by the call, and handed to training with the batch (so the async
     generator actor's counts reach the training actor). A call whose groups were all dropped (the
     loader's last prompts) trains no step and upstream logs nothing for it: its rollouts and its
-    filtered rows ride with the next batch. Refill fills only the batch's own call's filtered rows."""
+    filtered rows ride with the next batch, before the batch's own call (whose filtered rows, the last
+    call's, are the ones refill fills: `ReplayControllerMixin.train_step`)."""
     from openrlhf_replay.rehearsal.standins import in_process_object_store
     from openrlhf_replay.trainer.ppo_utils.samples_generator import GenerationCounts, take_generation_counts
 
@@ -143,6 +145,7 @@ def test_each_step_carries_what_its_generation_calls_generated_and_filtered(make
 
 
 def test_eval_generation_is_not_counted_as_training_rollouts(make_args, counting_generator):
+    """Upstream's evaluation generates through the same `_generate_vllm`: it is no training step's."""
     from openrlhf_replay.rehearsal.standins import in_process_object_store
     from openrlhf_replay.trainer.ppo_utils.samples_generator import take_generation_counts
 
