@@ -59,6 +59,7 @@ class Record:
     crash: str | None = None
     crash_step: int | None = None
     critic: list = field(default_factory=list)  # the critic group's stand-in ranks (`gae`), else none
+    generations: list = field(default_factory=list)  # each build's generation stand-in (what it generated)
 
 
 def _controller_class(module: str, args):
@@ -81,7 +82,8 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         dict(do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
              temperature=args.rollout.temperature, top_p=args.rollout.top_p))
     sg = generator.samples_generator
-    install_generation(generator, Generation(sg, training.tokenizer, args, settings, rng))
+    record.generations.append(Generation(sg, training.tokenizer, args, settings, rng))
+    install_generation(generator, record.generations[-1])
 
     generate = sg.generate_samples
 
@@ -378,6 +380,7 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
                   "accumulation": ranks[0].accumulation if ranks else None},
         "fresh_per_step": spread([s["fresh"] for s in steps]),
         "rollouts_generated": sum(s["generated"] for s in steps),
+        "rollouts_generated_by_engines": sum(g.generated for g in record.generations),  # the stand-in vLLM's own count
         "rollouts_filtered": sum(s["filtered"] for s in steps),
         "rows_refilled": sum(s["refilled"] for s in steps),
         "replayed_per_step": replay_distribution(steps, after_warmup),

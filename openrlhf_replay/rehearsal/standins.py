@@ -300,6 +300,7 @@ class Generation:
         self.sg, self.tokenizer, self.args, self.settings, self.rng = samples_generator, tokenizer, args, settings, rng
         self.vocab = len(tokenizer)  # transformers rebuilds the vocabulary to measure it: once
         self.solve: dict[str, float] = {}  # prompt -> P(correct), drawn on first sight
+        self.generated = 0  # responses generated: what the run's logged counts must add up to
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return stand_in_prompt_ids(prompt, self.vocab, self.settings)
@@ -312,6 +313,7 @@ class Generation:
         cap = self.args.rollout.max_new_tokens
         with_log_probs = self.args.algo.advantage.is_correction_level != "off"
         refs = []
+        self.generated += n * len(prompts)
         for prompt, label in zip(prompts, labels):
             ids = self.prompt_ids(prompt)
             if prompt not in self.solve:

@@ -20,7 +20,8 @@ from openrlhf.utils.logging_utils import init_logger
 
 from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind, stored_token_columns
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
-from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
+from openrlhf_replay.trainer.ppo_utils.samples_generator import (GenerationCounts, ReplaySamplesGenerator,
+                                                                  take_generation_counts)
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
 from openrlhf_replay.utils import undecorated
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
@@ -66,12 +67,12 @@ class ReplayControllerMixin:
 
     def train_step(self, rollout_samples, global_step):
         self.experience_maker.step = global_step
-        counts = getattr(getattr(self, "samples_generator", None), "counts", None)  # ReplaySamplesGenerator's (sync only)
-        refill = counts is not None and self.replay_config.refill
-        # Refill: no prompt replaced the filtered groups, so replay stands in for all their rows,
-        # and this step paces the LR for the rollouts of refill calls that kept no group.
-        self.experience_maker.refill_rows = counts.filtered if refill else 0
-        self.experience_maker.skipped_rows = skipped_rollouts(counts, len(rollout_samples)) if refill else 0
+        calls = take_generation_counts(rollout_samples)  # counted where they ran, sync or async
+        refill = bool(calls) and self.replay_config.refill
+        # Refill: no prompt replaced the groups its own call filtered, so replay stands in for their
+        # rows, and this step paces the LR for the rollouts of earlier calls that kept no group.
+        self.experience_maker.refill_rows = calls[-1].filtered if refill else 0
+        self.experience_maker.skipped_rows = skipped_rollouts(calls) if refill else 0
         status, next_step = super().train_step(rollout_samples, global_step)
         faults = self.experience_maker.reward_faults
         if faults is not None:
@@ -84,7 +85,8 @@ class ReplayControllerMixin:
             status.update(split_by_row_kind(status))
             status.update(self.replay.metrics())
             status["replay/overhead_s"] = self.experience_maker.replay_seconds
-            status.update(rollout_accounting(len(rollout_samples), counts, self.experience_maker))
+            status.update(rollout_accounting(len(rollout_samples), sum(calls, GenerationCounts()),
+                                             self.experience_maker))
         return status, next_step
 
     def _compute_rollout_stats(self, experiences):
@@ -112,26 +114,23 @@ class ReplayControllerMixin:
         return states
 
 
-def skipped_rollouts(counts, kept: int) -> int:
-    """Rollouts of the refill calls before this step whose groups were all dropped: upstream's
+def skipped_rollouts(calls: list[GenerationCounts]) -> int:
+    """Rollouts of the refill calls before this step's own whose groups were all dropped: upstream's
     `fit` loop gives an empty generation no step, so the step after it paces the LR for them
-    (`experience.py:set_pace`), and the schedule still ends at the run's last optimizer step.
-    They are what this step's count generated beyond its own kept and filtered rows."""
-    return counts.generated - kept - counts.filtered
+    (`experience.py:set_pace`), and the schedule still ends at the run's last optimizer step."""
+    return sum(c.generated for c in calls[:-1])
 
 
-def rollout_accounting(fresh: int, counts, maker) -> dict[str, float]:
-    """The step's rollouts, honestly counted: generated (the filtered ones included; without dynamic
-    filtering, the fresh batch itself), filtered, and with refill the rows replay took in their
-    place (`refilled_rows`, and their share of the rows trained) and the inert rows of the step."""
+def rollout_accounting(fresh: int, counts: GenerationCounts, maker) -> dict[str, float]:
+    """The step's rollouts, honestly counted: what the generation calls behind its batch generated
+    and filtered (`counts`), and with refill the rows replay took in place of the filtered ones
+    (`refilled_rows`, and their share of the rows trained) and the inert rows of the step."""
     comp = maker.composition
     refilled = comp.refilled if comp is not None else 0
     trained = fresh + (len(comp.replayed) if comp is not None else 0) + maker.inert_rows
-    out = {"replay/generated_rollouts": float(fresh), "replay/filtered_rollouts": 0.0}
-    if counts is not None:
-        out |= counts.metrics()
-    return out | {"replay/refilled_rows": float(refilled), "replay/refilled_share": refilled / max(trained, 1),
-                  "replay/inert_rows": float(maker.inert_rows)}
+    return counts.metrics() | {"replay/refilled_rows": float(refilled),
+                               "replay/refilled_share": refilled / max(trained, 1),
+                               "replay/inert_rows": float(maker.inert_rows)}
 
 
 class _ReplayPPOTrainer(ReplayControllerMixin, undecorated(PPOTrainer)):
@@ -141,8 +140,8 @@ class _ReplayPPOTrainer(ReplayControllerMixin, undecorated(PPOTrainer)):
                          reference_model_group, vllm_engines, **generate_kwargs)
         # The prompt loader's batch size is 1 prompt.
         self._setup_replay(len(self.prompts_dataloader), self.prompts_dataloader.dataset.prompts)
-        if self.args.algo.dynamic_filtering_enable:  # counts what it filters; refill: no replacement
-            self.samples_generator.__class__ = ReplaySamplesGenerator
+        # Counts what it generates, for train_step to log; with refill, replaces no dropped group.
+        self.samples_generator.__class__ = ReplaySamplesGenerator
 
 
 def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:

@@ -34,6 +34,7 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 from openrlhf_replay.trainer.ppo_trainer import ReplayControllerMixin
 from openrlhf_replay.trainer.ppo_utils.experience import AGE_KEY, set_row_flags
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
+from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
 from openrlhf_replay.utils import undecorated
 
 VERSION_KEY = "replay/policy_version"  # sample info key: the version of the weights that generated it
@@ -58,10 +59,18 @@ VersionedVLLMLock = ray.remote(num_cpus=0)(_VersionedVLLMLock)
 
 
 class _ReplayGenerateSamplesActor(undecorated(upstream.GenerateSamplesActor)):
-    """Upstream's generator; every sample it generates carries `info[VERSION_KEY]`."""
+    """Upstream's generator; every sample it generates carries `info[VERSION_KEY]`, and each batch
+    the counts of the generation calls behind it (`ReplaySamplesGenerator`), for the training actor
+    to log: this actor filters, so only it knows what was generated."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.adapt_samples_generator()
+
+    def adapt_samples_generator(self) -> None:
+        """Upstream's samples generator (built by upstream's `__init__`), counting its calls and
+        stamping their versions."""
+        self.samples_generator.__class__ = ReplaySamplesGenerator
         self.stamp_versions()
 
     def stamp_versions(self) -> None:

@@ -123,3 +123,38 @@ def rollout_samples():
 def fresh_batch():
     """fresh_experiences, as a fixture."""
     return fresh_experiences
+
+
+class _Engines:
+    """Stands for vLLM and the reward (upstream's `_dispatch_prompts_to_vllm`): a prompt's label
+    says its group's scores, "0" all wrong, "1" all right, "mix" half right; counts what it generated."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.generated = n, 0
+
+    def __call__(self, prompts, labels, *, images=None, **generate_kwargs):
+        from openrlhf_replay.rehearsal.standins import _Local
+
+        self.generated += self.n * len(prompts)
+        scores = {"0": [0.0] * self.n, "1": [1.0] * self.n, "mix": [float(j % 2) for j in range(self.n)]}
+        return [_Local([{"observation_tokens": [5, 6, 7, 8], "action_ranges": [(2, 4)], "reward": s, "scores": s,
+                         "prompt": p, "label": label, "truncated": False, "rollout_log_probs": None,
+                         "extra_logs": {}} for s in scores[label]]) for p, label in zip(prompts, labels)]
+
+
+def _counting_generator(args, labels: list[str]):
+    """(replay's samples generator over a loader of one prompt a batch, as upstream's, its engines):
+    it generates through upstream's own `generate_samples` and `_generate_vllm` loop (filtering and
+    replacement prompts); run it inside `standins.in_process_object_store()`."""
+    from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
+
+    loader = [([i], [f"q{i}"], [label], [None]) for i, label in enumerate(labels)]
+    gen = ReplaySamplesGenerator(get_strategy(args), loader, None, None, [])
+    gen._dispatch_prompts_to_vllm = engines = _Engines(args.rollout.n_samples_per_prompt)
+    return gen, engines
+
+
+@pytest.fixture
+def counting_generator():
+    """_counting_generator, as a fixture."""
+    return _counting_generator

@@ -1,7 +1,8 @@
 """Dynamic filtering with replay, at the level of one step (docs/METHOD.md section 2, "Dynamic
 filtering"): a short fresh batch over 2 ranks, refill's rows, and upstream's range rule in the
-samples generator's no-replacement seam. Real Experience objects from upstream's own split and
-advantage code; upstream's chunking rule decides what each rank receives. The whole pipeline runs
+samples generator's no-replacement seam, and what each generation call is counted as. Real
+Experience objects from upstream's own split and advantage code; upstream's chunking rule decides
+what each rank receives. The whole pipeline runs
 it in tests/pipeline/test_cpu_pipeline.py (the `replay` run) and the rehearsal at GPU shape."""
 import copy
 
@@ -12,7 +13,7 @@ from openrlhf.trainer.ppo_utils.experience import make_experience_batch, split_e
 
 from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REFILL_KEY, REPLAYED_KEY
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
-from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator, outside_range
+from openrlhf_replay.trainer.ppo_utils.samples_generator import GENERATION_KEY, ReplaySamplesGenerator, outside_range
 from replay import ReplayBuffer, ReplayConfig
 
 
@@ -110,23 +111,53 @@ def test_refill_generator_applies_upstreams_range_rule_without_replacement(make_
     assert not outside_range([0, 1], 0.01, 0.99) and outside_range([0, 1], 0.5, 0.99)  # bounds are exclusive
 
 
-def test_a_call_whose_groups_were_all_dropped_is_counted_with_the_next_step(make_args, rollout_samples,
-                                                                            monkeypatch):
-    """Upstream trains and logs nothing for a call that returned no sample (its loader's last prompts
-    all filtered, at an episode's end); their rollouts were generated all the same, so the next
-    step's count carries them. Its `filtered` stays its own call's: refill fills that step's rows."""
-    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+@pytest.mark.parametrize("refill", [False, True])
+def test_each_step_carries_what_its_generation_calls_generated_and_filtered(make_args, counting_generator,
+                                                                            refill):
+    """Counted in the generator, by the call, and handed to training with the batch (so the async
+    generator actor's counts reach the training actor). A call whose groups were all dropped (the
+    loader's last prompts) trains no step and upstream logs nothing for it: its rollouts and its
+    filtered rows ride with the next batch, before the batch's own call (whose filtered rows, the last
+    call's, are the ones refill fills: `ReplayControllerMixin.train_step`)."""
+    from openrlhf_replay.rehearsal.standins import in_process_object_store
+    from openrlhf_replay.trainer.ppo_utils.samples_generator import GenerationCounts, take_generation_counts
 
-    samples = rollout_samples(2, 4, seed=6)
-    results = iter([(samples, 100.0, 3, False), ([], 0.0, 2, True), (samples[:4], 50.0, 2, False)])
-    monkeypatch.setattr(SamplesGenerator, "generate_samples", lambda self, **kw: next(results))
-    gen = object.__new__(ReplaySamplesGenerator)
-    gen.args = make_args("--algo.dynamic_filtering_enable", "--rollout.n_samples_per_prompt", 4)
-    gen.generate_samples()
-    assert (gen.counts.generated, gen.counts.filtered) == (12, 4)  # 3 prompts, one group dropped
-    assert gen.generate_samples()[0] == [] and gen.counts.generated == 12  # no step: nothing logged
-    gen.generate_samples()
-    assert (gen.counts.generated, gen.counts.filtered) == (8 + 8, 4) and gen.unlogged == 0
+    args = make_args("--replay.mode", "advantage", "--algo.dynamic_filtering_enable", "--rollout.batch_size", 4,
+                     "--algo.dynamic_filtering_range", "0.01", "0.99", *(["--replay.refill"] if refill else []))
+    replacement = [] if refill else ["mix"]  # what upstream dispatches in place of the dropped "0"
+    gen, engines = counting_generator(args, ["mix", "0", "mix", "mix", *replacement, "1", "0"])
+    logged = []
+    with in_process_object_store():
+        for _ in range(3):  # episode 1's two calls (the second all dropped), episode 2's first
+            samples, _, _, exhausted = gen.generate_samples(n_samples_per_prompt=4)
+            logged.append((len(samples), exhausted, take_generation_counts(samples)))
+    # Upstream replaces the dropped "0" by the fifth prompt; refill generates 4 prompts, keeps 3.
+    first = GenerationCounts(generated=20, filtered=4) if not refill else GenerationCounts(16, 4)
+    assert logged[0] == (16 if not refill else 12, False, [first])
+    assert logged[1] == (0, True, [])  # "1" and "0" (upstream finds no prompt to replace them)
+    carried = GenerationCounts(generated=8, filtered=8)
+    assert logged[2] == (logged[0][0], False, [carried, first])  # the loader walked again: episode 2
+    step = sum(logged[2][2], GenerationCounts())
+    assert step.metrics() == {"replay/generated_rollouts": 28.0 if not refill else 24.0,
+                              "replay/filtered_rollouts": 12.0}
+    assert sum(c.generated for _, _, calls in logged for c in calls) == engines.generated
+    assert not any(GENERATION_KEY in s.info for s in samples)  # taken off: upstream sees its own info
+
+
+def test_eval_generation_is_not_counted_as_training_rollouts(make_args, counting_generator):
+    """Upstream's evaluation generates through the same `_generate_vllm`: it is no training step's."""
+    from openrlhf_replay.rehearsal.standins import in_process_object_store
+    from openrlhf_replay.trainer.ppo_utils.samples_generator import take_generation_counts
+
+    args = make_args("--replay.mode", "advantage", "--rollout.batch_size", 2)
+    gen, engines = counting_generator(args, ["mix", "0", "1", "mix"])
+    gen.eval_dataloader = [([0], ["e0"], ["1"], [None])]
+    with in_process_object_store():
+        samples, *_ = gen.generate_samples(n_samples_per_prompt=4)
+        gen.generate_eval_samples(n_samples_per_prompt=4)
+        following, *_ = gen.generate_samples(n_samples_per_prompt=4)
+    assert [c.generated for c in take_generation_counts(samples)] == [8]  # no filtering: what it trains
+    assert [c.generated for c in take_generation_counts(following)] == [8] and engines.generated == 8 + 4 + 8
 
 
 def test_a_fresh_batch_too_short_for_a_micro_batch_a_rank_is_cut_finer(make_args, experience_maker_cls,

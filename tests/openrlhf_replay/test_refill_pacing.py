@@ -2,7 +2,7 @@
 actor and the critic pace their schedules by one rule (`experience.py:paced_rows`), and a refill
 step whose groups were all dropped (upstream's loop gives it no step) is paced by the step after it,
 so the schedule still ends at its end on the run's last optimizer step. Real batches from the
-experience maker; the generator's counts from `ReplaySamplesGenerator` over upstream's results."""
+experience maker; each generation call with the counts `ReplaySamplesGenerator` records for it."""
 import math
 from types import SimpleNamespace
 
@@ -10,14 +10,13 @@ import pytest
 import torch
 from openrlhf.trainer.ppo_utils.experience import balance_experiences
 from openrlhf.trainer.ppo_utils.replay_buffer import NaiveReplayBuffer
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from transformers import get_scheduler
 
 from openrlhf_replay.trainer.lr_schedule import pace_by_rollout_steps
 from openrlhf_replay.trainer.ppo_trainer import skipped_rollouts
 from openrlhf_replay.trainer.ppo_utils.experience import paced_rows
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
-from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
+from openrlhf_replay.trainer.ppo_utils.samples_generator import GenerationCounts
 from openrlhf_replay.trainer.ray.ppo_actor import _ReplayPolicyModelActor
 from openrlhf_replay.trainer.ray.ppo_critic import _ReplayCriticModelActor
 from replay import ReplayBuffer, ReplayConfig
@@ -34,22 +33,25 @@ def _maker(make_args, experience_maker_cls, *flags):
                                 replay_buffer=ReplayBuffer(ReplayConfig.from_namespace(args))), args
 
 
-def _generator(args, results, monkeypatch):
-    """`ReplaySamplesGenerator` over upstream's `generate_samples` results (vLLM's part)."""
-    calls = iter(results)
-    monkeypatch.setattr(SamplesGenerator, "generate_samples", lambda self, **kw: next(calls))
-    gen = object.__new__(ReplaySamplesGenerator)
-    gen.args = args
-    return gen
+def _generator(args, results):
+    """Generation calls as upstream returns them (samples, pass rate, prompts consumed, exhausted),
+    each with the counts `ReplaySamplesGenerator` records for it (every prompt consumed generated n
+    rollouts; the filtered are those not returned)."""
+    n = args.rollout.n_samples_per_prompt
+    return iter([(samples, GenerationCounts(consumed * n, consumed * n - len(samples)))
+                 for samples, _, consumed, _ in results])
 
 
 def _refill_step(maker, gen, step: int):
-    """`ppo_trainer.py:train_step`'s part: the counts of the last call that returned samples."""
-    samples = gen.generate_samples()[0]
-    while not samples:  # upstream's `fit` loop: an empty generation gets no step
-        samples = gen.generate_samples()[0]
-    maker.step, maker.refill_rows = step, gen.counts.filtered
-    maker.skipped_rows = skipped_rollouts(gen.counts, len(samples))
+    """`ppo_trainer.py:train_step`'s part: the calls behind the step, the empty ones before it
+    included (upstream's `fit` loop gives an empty generation no step)."""
+    samples, counts = next(gen)
+    calls = [counts]
+    while not samples:
+        samples, counts = next(gen)
+        calls.append(counts)
+    maker.step, maker.refill_rows = step, calls[-1].filtered
+    maker.skipped_rows = skipped_rollouts(calls)
     return maker.make_experience_batch(samples)
 
 
@@ -73,7 +75,7 @@ def test_the_critic_paces_its_schedule_by_the_policy_actors_rule(make_args, expe
     rows they replace (the critic counted them as replayed, so its schedule lagged the actor's)."""
     maker, args = _maker(make_args, experience_maker_cls, *(DYNAMIC if dynamic else []))
     gen = _generator(args, [(rollout_samples(8, 4, seed=1), 100.0, 8, False),
-                            (rollout_samples(5, 4, seed=2), 62.5, 8, False)], monkeypatch)
+                            (rollout_samples(5, 4, seed=2), 62.5, 8, False)])
     _refill_step(maker, gen, 0)
     batch = _refill_step(maker, gen, 1)  # 3 of 8 groups dropped: 12 rows refilled from the buffer
     assert maker.composition.refilled == 12
@@ -93,7 +95,7 @@ def test_a_refill_step_that_kept_no_group_is_paced_by_the_next_so_the_schedule_e
     the schedule at 12, its end (without that, at 8)."""
     maker, args = _maker(make_args, experience_maker_cls)
     gen = _generator(args, [(rollout_samples(6, 4, seed=1), 75.0, 8, False), ([], 0.0, 8, False),
-                            (rollout_samples(7, 4, seed=3), 87.5, 8, False)], monkeypatch)
+                            (rollout_samples(7, 4, seed=3), 87.5, 8, False)])
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     kwargs = {"min_lr_rate": 0.1} if name == "cosine_with_min_lr" else {}
     scheduler = pace_by_rollout_steps(get_scheduler(name, optimizer, num_warmup_steps=2, num_training_steps=12,

@@ -7,6 +7,7 @@ import pytest
 from openrlhf.models import PolicyLoss
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.trainer.ray.launcher import RayActorGroup
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
@@ -33,6 +34,10 @@ SEAMS = [
     (PolicyLoss.forward, ["self", "log_probs", "old_log_probs", "advantages", "action_mask", "rollout_log_probs",
                           "dp_size", "batch_num_tokens", "global_batch_size"]),
     (RayActorGroup.async_run_method_batch, ["self", "method_name", "kwargs"]),
+    # counting generation where it runs (trainer/ppo_utils/samples_generator.py)
+    (SamplesGenerator.generate_samples, ["self", "generate_kwargs"]),
+    (SamplesGenerator._generate_vllm, ["self", "dataloader_iter", "num_prompts", "dynamic_filtering",
+                                       "generate_kwargs"]),
     # PPO with a critic (trainer/ppo_utils/critic.py, trainer/ray/ppo_critic.py)
     (RemoteExperienceMaker.get_advantages_and_returns, ["self", "values", "rewards", "action_mask", "gamma", "lambd"]),
     (CriticPPOTrainer.training_step, ["self", "experience", "step", "loss_batch_info"]),

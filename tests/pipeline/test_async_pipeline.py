@@ -126,6 +126,15 @@ def test_fresh_rows_are_recorded_older_than_zero(chain):
     assert all(np.isfinite(v) for v in _by_step(chain, "policy_loss").values())
 
 
+def test_the_training_actor_logs_what_the_generator_actor_generated(chain):
+    """Counted in the generator actor and carried to the training actor with the batch, through
+    Ray's queue: each step's 4 prompts x 4 (no filtering here; tests/scripts/test_rehearsal.py
+    compares the counts with the engines' under dynamic filtering)."""
+    generated, filtered = _by_step(chain, "replay/generated_rollouts"), _by_step(chain, "replay/filtered_rollouts")
+    assert set(generated) >= {1, 2, 3, 4} and set(generated.values()) == {16.0}, generated
+    assert set(filtered) == set(generated) and set(filtered.values()) == {0.0}
+
+
 def test_a_killed_driver_resumes_with_the_buffer_it_saved(chain):
     saved, restored = _digests(chain["killed"], "saved"), _digests(chain["resumed"], "restored")
     assert 2 in saved and restored == {2: saved[2]}

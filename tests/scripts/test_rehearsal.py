@@ -262,19 +262,27 @@ def test_compare_puts_each_runs_optimizer_steps_beside_its_results(subset_runs, 
     assert "| grpo_replay_seed42 | " in md and "| 5.25 (4 / 6) | 512; 100% | stale | 0.4 |" in md
 
 
-def test_async_training_replays_at_gpu_shape_without_a_deadlock(tmp_path):
-    """`--train.async_enable` appended to the method's script: half the GPUs train, half generate;
-    upstream's async controller runs replay's generator and training actors on threads, generation a
-    batch ahead (queue size 1). Every step completes, the ranks take equal optimizer steps, and
-    every step after the warm-up replays."""
+def test_async_training_with_dynamic_filtering_replays_and_counts_every_rollout_its_engines_generated(tmp_path):
+    """`--train.async_enable` and dynamic filtering appended to the method's script: half the GPUs
+    train, half generate; upstream's async controller runs replay's generator and training actors on
+    threads, generation a batch ahead (queue size 1), and the generator actor filters (upstream's
+    replacement prompts). Every episode completes, the ranks take equal optimizer steps, every step
+    after the warm-up replays, and the training actor logs as generated what the engines generated,
+    the filtered groups included (counted in the generator actor, carried with the samples)."""
     subset = tmp_path / "subset.json"
     subset.write_text(json.dumps(json.loads(DATA.read_text())[:SUBSET_PROMPTS]))
     report, log = _rehearse("train_grpo_replay", subset, tmp_path, "--train.async_enable",
+                            "--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.01", "0.99",
                             REHEARSE="1", REPLAY_WARMUP=str(WARMUP), REHEARSE_SOLVE_RATE=str(SOLVE_RATE))
-    assert report["crash"] is None and report["steps_completed"] == STEPS, log[-3000:]
+    assert report["crash"] is None and report["episodes_completed"] == EPISODES, log[-3000:]
+    assert report["steps_completed"] == sum(report["steps_per_episode"]) > WARMUP
     command = report["command"]
     assert "--actor.num_gpus_per_node 4" in command and "--vllm.num_engines 4" in command
     assert "enable_sleep" not in command and "colocate_all" not in command
     assert len(report["optimizer_steps_per_rank"]) == 4 and len(set(report["optimizer_steps_per_rank"])) == 1
     assert report["replayed_per_step"]["share_with_replay"] >= 0.9
     assert "replay/fresh_age_max': 1.0" in log  # the training actor's steps: generated a version behind
+    # Every prompt of every episode was dispatched once (its group kept or replaced), 8 rollouts each.
+    every_prompt = EPISODES * STEPS_PER_EPISODE * BATCH * 8
+    assert report["rollouts_generated"] == report["rollouts_generated_by_engines"] == every_prompt
+    assert report["rollouts_filtered"] > 0
