@@ -77,5 +77,6 @@ def test_sources_still_have_the_assumptions_the_seams_make():
     step = inspect.getsource(BasePPOTrainer.train_step)
     assert step.index("status = self.ppo_train(global_step)") < step.index('if "kl" in status:')
     train = inspect.getsource(ActorPPOTrainer.training_step)
-    assert train.count("experience.action_log_probs") == 1 and "old_action_log_probs = experience.action_log_probs" in train
+    assert train.count("experience.action_log_probs") == 1
+    assert "old_action_log_probs = experience.action_log_probs" in train
     assert "log_probs_old=old_action_log_probs" in train
