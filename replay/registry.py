@@ -124,6 +124,13 @@ class OffPolicyRule:
     """Loss side: replayed rows train on ExGRPO's shaped objective -A w / (w + 0.1), unclipped, in
     place of upstream's clipped ratio (`openrlhf_replay/trainer/exgrpo_loss.py`)."""
 
+    @property
+    def behaviour_apart_from_old(self) -> bool:
+        """pi_old is recomputed while `rollout_log_probs` keeps pi_behaviour (`refresh`, `m2po`): what
+        weighs the behaviour policy's samples, e.g. the KL loss's pi_theta / pi_behaviour, reads the
+        latter (docs/METHOD.md section 2, "KL")."""
+        return self.recompute_old and self.behaviour_weight
+
 
 MODE_REGISTRY: dict[str, ReplayMode] = {}
 OFF_POLICY_REGISTRY: dict[str, OffPolicyRule] = {}

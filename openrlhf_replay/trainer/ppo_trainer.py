@@ -3,7 +3,8 @@ checkpoints.
 
 The buffer lives here, in the controller process, next to the experience maker that feeds it.
 Seams used (OpenRLHF 0.11.2): `BasePPOTrainer.__init__` builds `self.experience_maker` (replaced
-by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics),
+by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics), `ppo_train`
+(wrapped: per-kind means, before upstream's KL controller reads `kl`),
 `_compute_rollout_stats` (fresh rows only), `save_logs_and_checkpoints` and
 `init_checkpoint_states` (replay state beside each checkpoint). `get_max_steps` is upstream's:
 the LR schedule is sized from the fresh batches in every condition, and the policy actor paces it
@@ -82,12 +83,20 @@ class ReplayControllerMixin:
                                f"returned NaN / inf for {faults.non_finite} of {len(rollout_samples)} samples; "
                                f"scored 0 (the first ends {faults.example!r}); the run goes on")
         if self.replay_config.enabled:
-            status.update(split_by_row_kind(status))
             status.update(self.replay.metrics())
             status["replay/overhead_s"] = self.experience_maker.replay_seconds
             status.update(rollout_accounting(len(rollout_samples), sum(calls, GenerationCounts()),
                                              self.experience_maker))
         return status, next_step
+
+    def ppo_train(self, global_steps):
+        status = super().ppo_train(global_steps)
+        if self.replay_config.enabled:
+            # The actors log per-row statistics by kind (`kl@fresh`, ...); their means are made here,
+            # before upstream's `train_step` reads `status["kl"]` for its KL controller: with KL in
+            # the reward, that is then the fresh rows' KL, as upstream measures it without replay.
+            status.update(split_by_row_kind(status))
+        return status
 
     def _compute_rollout_stats(self, experiences):
         """Upstream's rollout statistics (reward, length, ...) describe generation: fresh rows only."""

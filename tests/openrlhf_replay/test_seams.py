@@ -77,3 +77,11 @@ def test_sources_still_have_the_assumptions_the_seams_make():
     assert init.index("self.actor, self.actor_optim, self.actor_scheduler = strategy.prepare(") < init.index(
         "strategy.load_ckpt(") < init.index("actor_scheduler=self.actor_scheduler,")
     assert "self.actor_loss_fn = PolicyLoss(" in inspect.getsource(ActorPPOTrainer.__init__)
+    # KL with replay: the controller reads `kl` from what ppo_train returns (split by kind there),
+    # and the actor reads pi_old once, for the ratio and the KL's weight (`behaviour_weighted_kl`)
+    step = inspect.getsource(BasePPOTrainer.train_step)
+    assert step.index("status = self.ppo_train(global_step)") < step.index('if "kl" in status:')
+    train = inspect.getsource(ActorPPOTrainer.training_step)
+    assert train.count("experience.action_log_probs") == 1
+    assert "old_action_log_probs = experience.action_log_probs" in train
+    assert "log_probs_old=old_action_log_probs" in train

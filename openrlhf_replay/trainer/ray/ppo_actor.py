@@ -18,11 +18,14 @@ its fresh optimizer steps, as in GRPO, whatever replay adds (`openrlhf_replay/tr
 Seams used (OpenRLHF 0.11.2): `PolicyModelActor.init_model_from_pretrained` builds `self.trainer`
 (its class is switched to the subclass below, which only adds behaviour) and `self.actor_scheduler`
 (paced in place), `append` and `fit` (wrapped: `fit` first tells the scheduler the step's rows),
-`ActorPPOTrainer.training_step` (wrapped) and `PolicyLoss.forward` (wrapped: the per-row
-statistics come from its inputs; with ExGRPO's off-policy rule, replayed rows take its shaped
-objective, `openrlhf_replay/trainer/exgrpo_loss.py`).
+`ActorPPOTrainer.training_step` (wrapped; with KL as a loss under `refresh` or `m2po`, replayed
+rows' pi_old reads pi_behaviour for the KL's importance weight, `behaviour_weighted_kl`) and
+`PolicyLoss.forward` (wrapped: the per-row statistics come from its inputs; with ExGRPO's
+off-policy rule, replayed rows take its shaped objective, `openrlhf_replay/trainer/exgrpo_loss.py`).
 """
 from __future__ import annotations
+
+import contextlib
 
 import ray
 import torch
@@ -79,10 +82,13 @@ class SplitStatsPolicyLoss(PolicyLoss):
 
     row_info: dict | None = None
     row_ref_log_probs: torch.Tensor | None = None  # (B, T - 1) the micro-batch's base_action_log_probs
+    ratio_old_log_probs: torch.Tensor | None = None  # (B, T - 1) pi_old, when upstream hands the loss another
     kl_estimator: str = "k1"
     m2_threshold: float | None = None
 
     def forward(self, log_probs, old_log_probs, advantages, action_mask=None, **kwargs):
+        if self.ratio_old_log_probs is not None:  # see ReplayActorPPOTrainer.behaviour_weighted_kl
+            old_log_probs = self.ratio_old_log_probs
         behaviour = kwargs.get("rollout_log_probs")
         if self.m2_threshold is not None and action_mask is not None and behaviour is not None:
             kept = m2po_keep(old_log_probs, behaviour, action_mask, self.m2_threshold)
@@ -135,13 +141,40 @@ class ShapedSplitStatsPolicyLoss(SplitStatsPolicyLoss, ShapedReplayPolicyLoss):
 class ReplayActorPPOTrainer(ActorPPOTrainer):
     """`ActorPPOTrainer` whose statistics are split by kind of row."""
 
-    def enable_split_stats(self, m2_threshold: float | None = None, policy_shaping: bool = False) -> None:
+    kl_on_behaviour = False  # the KL loss's importance weight reads replayed rows' `rollout_log_probs`
+
+    def enable_split_stats(self, m2_threshold: float | None = None, policy_shaping: bool = False,
+                           kl_on_behaviour: bool = False) -> None:
         """`m2_threshold`: M2PO's (the off-policy rule's `m2_mask`), None without it.
-        `policy_shaping`: replayed rows train on ExGRPO's shaped objective (the rule's field)."""
+        `policy_shaping`: replayed rows train on ExGRPO's shaped objective (the rule's field).
+        `kl_on_behaviour`: the rule's `behaviour_apart_from_old` (`behaviour_weighted_kl`)."""
         # Same state, one extra behaviour (two with shaping).
         self.actor_loss_fn.__class__ = ShapedSplitStatsPolicyLoss if policy_shaping else SplitStatsPolicyLoss
         self.actor_loss_fn.m2_threshold = m2_threshold
+        self.kl_on_behaviour = kl_on_behaviour
         self.trained_rows = dict.fromkeys(TRAINED_KINDS, 0)
+
+    @contextlib.contextmanager
+    def behaviour_weighted_kl(self, experience):
+        """Upstream's `training_step` reads pi_old once, `experience.action_log_probs`, and hands it
+        both to the PPO ratio and to the KL loss, whose importance weight pi_theta / pi_old
+        (`--algo.kl.unbiased_gradient`) stands for pi_theta / (the policy that sampled the tokens).
+        A replayed row whose pi_old was recomputed (`refresh`, `m2po`) was sampled by pi_behaviour,
+        which its `rollout_log_probs` keep: for the span of the step, replayed rows' pi_old reads
+        pi_behaviour there, and the loss takes the ratio's pi_old from `ratio_old_log_probs`."""
+        kl, behaviour = self.args.algo.kl, experience.rollout_log_probs
+        if not (self.kl_on_behaviour and kl.use_loss and kl.init_coef > 0 and kl.unbiased_gradient
+                and behaviour is not None and REPLAYED_KEY in experience.info):
+            yield
+            return
+        old = experience.action_log_probs
+        replayed = _replayed_rows(experience.info, old.device).bool()[:, None]
+        self.actor_loss_fn.ratio_old_log_probs = old
+        experience.action_log_probs = torch.where(replayed, behaviour.to(old.dtype), old)
+        try:
+            yield
+        finally:
+            experience.action_log_probs, self.actor_loss_fn.ratio_old_log_probs = old, None
 
     def training_step(self, experience, kl_ctl, step, loss_batch_info=None):
         kl = self.args.algo.kl
@@ -150,7 +183,8 @@ class ReplayActorPPOTrainer(ActorPPOTrainer):
             self.actor_loss_fn.row_ref_log_probs = experience.base_action_log_probs
             self.actor_loss_fn.kl_estimator = kl.estimator
         try:
-            status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+            with self.behaviour_weighted_kl(experience):
+                status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         finally:
             self.actor_loss_fn.row_info = self.actor_loss_fn.row_ref_log_probs = None
         if REPLAYED_KEY in experience.info:
@@ -203,7 +237,8 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
             # second weight-sync group to vLLM, so the instance is switched to the subclass.
             self.trainer.__class__ = ReplayActorPPOTrainer
             rule = config.off_policy_rule
-            self.trainer.enable_split_stats(config.m2_threshold if rule.m2_mask else None, rule.policy_shaping)
+            self.trainer.enable_split_stats(config.m2_threshold if rule.m2_mask else None, rule.policy_shaping,
+                                            rule.behaviour_apart_from_old)
             logger.info(f"replay: off-policy rule {rule.name}, actor loss {type(self.trainer.actor_loss_fn).__name__}")
             pace_by_rollout_steps(self.actor_scheduler)  # after upstream has loaded a checkpoint's state
             if strategy.args.train.dynamic_batch_enable:  # pack replayed rows too (dynamic_batch.py)
