@@ -53,7 +53,7 @@ class Record:
 
     steps: list[dict] = field(default_factory=list)
     episodes_done: int = 0
-    prompts_generated: int = 0  # dispatched to generation, replacement prompts included
+    prompts_generated: int = 0  # generated for training, dynamic filtering's replacement prompts included
     episode: int = 0  # of the step being generated
     checkpoints: list[int] = field(default_factory=list)
     resumed_at: int | None = None
@@ -84,19 +84,14 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         dict(do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
              temperature=args.rollout.temperature, top_p=args.rollout.top_p))
     sg = generator.samples_generator
-    dispatch = Generation(sg, training.tokenizer, args, settings, rng)
-
-    def counted_dispatch(prompts, labels, **kwargs):
-        record.prompts_generated += len(prompts)
-        return dispatch(prompts, labels, **kwargs)
-
-    install_generation(generator, counted_dispatch)
+    install_generation(generator, Generation(sg, training.tokenizer, args, settings, rng))
 
     generate = sg.generate_samples
 
     def generate_samples(**kwargs):
         record.episode = record.episodes_done
         out = generate(**kwargs)
+        record.prompts_generated += out[2]  # upstream's count of the prompts it drew and generated
         if out[3]:  # exhausted: this episode's last batch
             record.episodes_done += 1
         return out
