@@ -65,7 +65,8 @@ class Record:
 def _controller_class(module: str, args):
     if module != REPLAY_CLI:
         return controller_class("upstream", args.train.async_enable)
-    return controller_class("replay" if ReplayConfig.from_namespace(args).enabled else "resume", args.train.async_enable)
+    launcher = "replay" if ReplayConfig.from_namespace(args).enabled else "resume"  # replay off: resume.py's
+    return controller_class(launcher, args.train.async_enable)
 
 
 def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings, rng, record: Record,

@@ -1,8 +1,8 @@
 """Faults injected into the real pipeline (`python -m openrlhf_replay.cli.train_ppo_ray`: Ray,
 DeepSpeed ZeRO-2 over gloo, vLLM's CPU engine) with a tiny random Qwen3 and advantage replay. One
 command, run five times, each of the first four ended by a fault and resumed by the next (a start
-costs about a minute here, so the faults share runs). KL is in the reward (upstream's default), so the buffers
-saved and restored carry per-token advantages:
+costs about a minute here, so the faults share runs). KL is in the reward (upstream's default), so
+the buffers saved and restored carry per-token advantages:
 
 1. The reward file (`faulty_reward.py`) raises for one sample and returns NaN for another. The
    checkpoints go to a small tmpfs; once step 1's checkpoint is complete, a file takes all its free

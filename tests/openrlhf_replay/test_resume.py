@@ -28,7 +28,8 @@ def _saved_on_last_step(loader_ran_dry: bool):
     if loader_ran_dry:
         with pytest.raises(StopIteration):
             next(it)
-    states = {"episode": 0, "global_step": 4, "total_consumed_prompts": 8, "data_loader_state_dict": loader.state_dict()}
+    states = {"episode": 0, "global_step": 4, "total_consumed_prompts": 8,
+              "data_loader_state_dict": loader.state_dict()}
     return states, [int(x) for x in loader]
 
 

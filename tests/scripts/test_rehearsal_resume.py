@@ -41,7 +41,8 @@ def _rehearse(prompts: Path, launcher: str, resume_at: int, *flags: str) -> dict
     command = [
         sys.executable, "-m", launcher, "--actor.model_name_or_path", "Qwen/Qwen3-0.6B-Base",
         "--data.prompt_dataset", str(prompts), "--data.input_key", "problem", "--data.label_key", "answer",
-        "--data.max_len", "1024", "--rollout.max_new_tokens", "512", "--reward.remote_url", str(ROOT / "evaluation/reward.py"),
+        "--data.max_len", "1024", "--rollout.max_new_tokens", "512",
+        "--reward.remote_url", str(ROOT / "evaluation/reward.py"),
         "--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0", "--rollout.n_samples_per_prompt", "4",
         "--rollout.batch_size", str(BATCH), "--rollout.micro_batch_size", "4", "--train.batch_size", "16",
         "--train.micro_batch_size", "4", "--train.num_episodes", str(EPISODES), "--actor.num_gpus_per_node", "1",
