@@ -9,7 +9,9 @@ runs that very module with three seams:
 2. when it nests the parsed flags (`openrlhf.utils.config.hierarchize`), the replay settings are
    checked against the rest, so a configuration replay cannot run fails before Ray starts;
 3. with replay on, the controller and policy actor classes it looks up resolve to the replay
-   subclasses. With `--replay.mode none` (the default) nothing is swapped: the run is upstream's.
+   subclasses. With `--replay.mode none` (the default) the run is upstream's but for one thing:
+   its controller resumes from a checkpoint taken on an episode's last step in the next episode,
+   where upstream's walks that episode again (`openrlhf_replay/trainer/resume.py`).
 
 On a machine without CUDA (or with `OPENRLHF_REPLAY_DEVICE=cpu`) the CPU platform
 (`openrlhf_replay.cpu`) is switched on first, and the arguments are also checked against it.
@@ -261,6 +263,17 @@ def _install_replay_classes(stack: contextlib.ExitStack) -> None:
     stack.enter_context(_patched(upstream_critic, "CriticModelActor", ReplayCriticModelActor))
 
 
+def _install_resume_classes(stack: contextlib.ExitStack) -> None:
+    """Replay off: upstream's controllers, with the resume of `resume.py` (their one departure)."""
+    import openrlhf.trainer.ppo_trainer as upstream_trainer
+    import openrlhf.trainer.ppo_trainer_async as upstream_async
+
+    from openrlhf_replay.trainer.resume import ResumePPOTrainer, ResumePPOTrainerAsync
+
+    stack.enter_context(_patched(upstream_trainer, "PPOTrainer", ResumePPOTrainer))
+    stack.enter_context(_patched(upstream_async, "PPOTrainerAsync", ResumePPOTrainerAsync))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv, cpu_on, replay_on = _start(sys.argv[1:] if argv is None else list(argv))
 
@@ -274,8 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         return original_parse(parser, argv, namespace)
 
     with contextlib.ExitStack() as stack:
-        if replay_on:
-            _install_replay_classes(stack)
+        (_install_replay_classes if replay_on else _install_resume_classes)(stack)
         stack.enter_context(_patched(argparse.ArgumentParser, "parse_args", parse_with_replay))
         stack.enter_context(_patched(upstream_config, "hierarchize",
                                      _checked(upstream_config.hierarchize, cpu_on, replay_on)))

@@ -150,17 +150,21 @@ def build_async(cls, ctor_args: tuple, ctor_kwargs: dict, timeout_s: float = 300
     return controller, generator, training
 
 
-def controller_class(replay: bool, async_enable: bool):
-    """The controller the launcher would start, as a plain class: upstream's `PPOTrainer` or
-    `PPOTrainerAsync`, or replay's subclass of it."""
+def controller_class(launcher: str, async_enable: bool):
+    """The controller the launcher would start, as a plain class: `launcher` is "upstream" (its own
+    `PPOTrainer` or `PPOTrainerAsync`), "resume" (this project's launcher with replay off: upstream's
+    with `resume.py`'s start episode) or "replay" (replay's subclass)."""
     from openrlhf.trainer.ppo_trainer import PPOTrainer
     from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
 
     from openrlhf_replay.trainer.ppo_trainer import ReplayPPOTrainer
     from openrlhf_replay.trainer.ppo_trainer_async import ReplayPPOTrainerAsync
+    from openrlhf_replay.trainer.resume import ResumePPOTrainer, ResumePPOTrainerAsync
 
-    return undecorated({(False, False): PPOTrainer, (False, True): PPOTrainerAsync, (True, False): ReplayPPOTrainer,
-                        (True, True): ReplayPPOTrainerAsync}[replay, async_enable])
+    return undecorated({("upstream", False): PPOTrainer, ("upstream", True): PPOTrainerAsync,
+                        ("resume", False): ResumePPOTrainer, ("resume", True): ResumePPOTrainerAsync,
+                        ("replay", False): ReplayPPOTrainer, ("replay", True): ReplayPPOTrainerAsync}
+                       [launcher, async_enable])
 
 
 def build_controller(cls, args, ctor_args: tuple, ctor_kwargs: dict):

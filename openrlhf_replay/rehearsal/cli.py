@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def completed(report: dict) -> bool:
-    """Every step walked: as many as the prompts make, or, when that is not known in advance
-    (dynamic filtering), every episode's data loader run dry. (More episodes than asked for: upstream
-    resumed from a checkpoint taken at an episode's last step, which it walks again.)"""
-    if report["steps_expected"] is None:
-        return report.get("episodes_completed", 0) >= report.get("episodes_expected", 1) and report["steps_completed"] > 0
-    return report["steps_completed"] == report["steps_expected"]
+    """Every step walked, and none twice: as many episodes as asked for, every prompt of each
+    generated once (the plan, dynamic filtering's replacement prompts included), and as many steps
+    as the prompts make where that is known in advance (not under dynamic filtering)."""
+    return (report["steps_completed"] > 0 and report["episodes_completed"] == report["episodes_expected"]
+            and report["prompts_generated"] == report["prompts_planned"]
+            and report["steps_expected"] in (None, report["steps_completed"]))
 
 
 def _field_doc(name: str) -> str:

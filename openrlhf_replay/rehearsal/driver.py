@@ -53,6 +53,7 @@ class Record:
 
     steps: list[dict] = field(default_factory=list)
     episodes_done: int = 0
+    prompts_generated: int = 0  # generated for training, dynamic filtering's replacement prompts included
     episode: int = 0  # of the step being generated
     checkpoints: list[int] = field(default_factory=list)
     resumed_at: int | None = None
@@ -63,7 +64,10 @@ class Record:
 
 
 def _controller_class(module: str, args):
-    return controller_class(module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled, args.train.async_enable)
+    if module != REPLAY_CLI:
+        return controller_class("upstream", args.train.async_enable)
+    launcher = "replay" if ReplayConfig.from_namespace(args).enabled else "resume"  # replay off: resume.py's
+    return controller_class(launcher, args.train.async_enable)
 
 
 def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings, rng, record: Record,
@@ -90,6 +94,7 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
     def generate_samples(**kwargs):
         record.episode = record.episodes_done
         out = generate(**kwargs)
+        record.prompts_generated += out[2]  # upstream's count of the prompts it drew and generated
         if out[3]:  # exhausted: this episode's last batch
             record.episodes_done += 1
         return out
@@ -304,7 +309,7 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
             break
     if record.crash is None:
         record.crash_step = None
-    report = _report(args, replay, record, ranks, max_steps, steps_per_episode, time.monotonic() - t0)
+    report = _report(args, replay, record, ranks, max_steps, len(trainer.prompts_dataloader), time.monotonic() - t0)
     if record.critic:  # equal over its ranks, or its collectives would hang
         report["critic_optimizer_steps_per_rank"] = [sum(s["optimizer_steps"] for s in r.steps) for r in record.critic]
     last = report["lr_last_optimizer_step"]
@@ -355,7 +360,7 @@ def _prompt_texts(args) -> list[str]:
     return texts
 
 
-def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, steps_per_episode: int,
+def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, prompts_per_episode: int,
             seconds: float) -> dict:
     steps = record.steps
     after_warmup = [s for s in steps if s["step"] > replay.effective_warmup] if replay.enabled else []  # buffer step >= warm-up
@@ -368,10 +373,14 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
     ages = [s["age_max"] for s in after_warmup if s["replayed"]]
     return {
         # Dynamic filtering spends replacement prompts: a step's count per episode is what the filter keeps.
-        "steps_expected": None if args.algo.dynamic_filtering_enable else steps_per_episode * args.train.num_episodes,
+        "steps_expected": None if args.algo.dynamic_filtering_enable
+        else math.ceil(prompts_per_episode / args.rollout.batch_size) * args.train.num_episodes,
         "steps_completed": len(steps),
         "episodes_expected": args.train.num_episodes,
         "episodes_completed": record.episodes_done,
+        # Each episode generates every prompt once (a resume that walked an episode again, more).
+        "prompts_planned": prompts_per_episode * args.train.num_episodes,
+        "prompts_generated": record.prompts_generated,
         "steps_per_episode": [sum(1 for s in steps if s["episode"] == e) for e in range(record.episode + 1)],
         "crash": record.crash,
         "crash_step": record.crash_step,

@@ -6,7 +6,7 @@ Seams used (OpenRLHF 0.11.2): `BasePPOTrainer.__init__` builds `self.experience_
 by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics), `ppo_train`
 (wrapped: per-kind means, before upstream's KL controller reads `kl`),
 `_compute_rollout_stats` (fresh rows only), `save_logs_and_checkpoints` and
-`init_checkpoint_states` (replay state beside each checkpoint). `get_max_steps` is upstream's:
+`init_checkpoint_states` (replay state beside each checkpoint; the start episode, `resume.py`). `get_max_steps` is upstream's:
 the LR schedule is sized from the fresh batches in every condition, and the policy actor paces it
 by rollout steps (`openrlhf_replay/trainer/lr_schedule.py`), so every condition warms up over the
 same rollout steps and ends its schedule at its last optimizer step, whatever replay adds.
@@ -24,6 +24,7 @@ from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceM
 from openrlhf_replay.trainer.ppo_utils.samples_generator import (GenerationCounts, ReplaySamplesGenerator,
                                                                   take_generation_counts)
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
+from openrlhf_replay.trainer.resume import EpisodeResume
 from openrlhf_replay.utils import undecorated
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
 from replay.checkpoint import state_digest
@@ -42,9 +43,10 @@ def replay_state_dir(args) -> str:
     return os.path.join(args.ckpt.path, "_replay")
 
 
-class ReplayControllerMixin:
+class ReplayControllerMixin(EpisodeResume):
     """What replay adds to a controller that runs upstream's `train_step`: the buffer, its
-    experience maker, its metrics and its checkpoints. Mixed into the synchronous `PPOTrainer`
+    experience maker, its metrics and its checkpoints (and, as with replay off, a resume that does
+    not walk a finished episode again: `resume.py`). Mixed into the synchronous `PPOTrainer`
     (below) and the async `TrainingActor` (`ppo_trainer_async.py`), before the upstream class."""
 
     experience_maker_class = ReplayExperienceMaker

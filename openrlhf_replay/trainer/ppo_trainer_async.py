@@ -15,15 +15,13 @@ subclasses all four, and nothing else changes:
   fresh row with the version that generated it, so age = current version - that version, fresh
   rows included (docs/METHOD.md section 10).
 - `_ReplayPPOTrainerAsync` builds them: upstream's `__init__` creates its actors from its module's
-  names, in this Ray worker, so the names are swapped for the call; then the buffer is set up
-  from the generator's prompts.
+  names, in this Ray worker, so the names are swapped for the call (`resume.py:_ResumePPOTrainerAsync`,
+  which replay's controller extends); then the buffer is set up from the generator's prompts.
 
 Replay never touches `rollout_slots`, and a failure in replay raises in `train_step`, which
 ends the training actor's `fit` and so the run, with its cause.
 """
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 import ray
@@ -35,6 +33,7 @@ from openrlhf_replay.trainer.ppo_trainer import ReplayControllerMixin
 from openrlhf_replay.trainer.ppo_utils.experience import AGE_KEY, set_row_flags
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
+from openrlhf_replay.trainer.resume import _ResumePPOTrainerAsync
 from openrlhf_replay.utils import undecorated
 
 VERSION_KEY = "replay/policy_version"  # sample info key: the version of the weights that generated it
@@ -164,18 +163,14 @@ ReplayTrainingActor = ray.remote(_ReplayTrainingActor)
 ReplayGenerateSamplesActor = ray.remote(_ReplayGenerateSamplesActor)
 
 
-class _ReplayPPOTrainerAsync(undecorated(upstream.PPOTrainerAsync)):
+class _ReplayPPOTrainerAsync(_ResumePPOTrainerAsync):
     # What upstream's __init__ creates by these module-level names, in this process (the rehearsal
     # runs them in threads instead: `openrlhf_replay/rehearsal/async_run.py`).
     actor_classes = {"VLLMLock": VersionedVLLMLock, "GenerateSamplesActor": ReplayGenerateSamplesActor,
                      "TrainingActor": ReplayTrainingActor}
 
     def __init__(self, pretrain, strategy, *args, **kwargs):
-        with contextlib.ExitStack() as stack:
-            for name, cls in self.actor_classes.items():
-                stack.callback(setattr, upstream, name, getattr(upstream, name))
-                setattr(upstream, name, cls)
-            super().__init__(pretrain, strategy, *args, **kwargs)
+        super().__init__(pretrain, strategy, *args, **kwargs)  # builds the actors above
         inputs = ray.get(self.generator_actor.replay_inputs.remote())
         ray.get(self.trainer_actor.setup_replay.remote(*inputs))
 

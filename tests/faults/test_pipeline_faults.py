@@ -1,8 +1,8 @@
 """Faults injected into the real pipeline (`python -m openrlhf_replay.cli.train_ppo_ray`: Ray,
 DeepSpeed ZeRO-2 over gloo, vLLM's CPU engine) with a tiny random Qwen3 and advantage replay. One
-command, run three times, each run ended by a fault and resumed by the next (a start costs about
-a minute here, so the faults share runs). KL is in the reward (upstream's default), so the buffers
-saved and restored carry per-token advantages:
+command, run five times, each of the first four ended by a fault and resumed by the next (a start
+costs about a minute here, so the faults share runs). KL is in the reward (upstream's default), so
+the buffers saved and restored carry per-token advantages:
 
 1. The reward file (`faulty_reward.py`) raises for one sample and returns NaN for another. The
    checkpoints go to a small tmpfs; once step 1's checkpoint is complete, a file takes all its free
@@ -11,6 +11,11 @@ saved and restored carry per-token advantages:
    checkpoint is complete, the driver is killed with SIGKILL (in step 3).
 3. The same command: it resumes from step 2 with the buffer saved there. Once step 3's
    checkpoint is complete, the vLLM engine's Ray actor is killed with SIGKILL (in step 4).
+4. The same command: it resumes from step 3. Once step 4's checkpoint is complete, the policy
+   actor's DeepSpeed process (its Ray worker, an OOM-killed rank's fate) is killed with SIGKILL
+   (in step 5).
+5. The same command: it resumes from step 4, the last step of episode 1 (4 steps an episode), with
+   the buffer saved there, and runs to its end: episode 2, steps 5 to 8, and no episode again.
 
 Each run's processes carry a tag in their environment, so "nothing left behind" is checked over
 every process the run started, Ray's and vLLM's included. Without root (no tmpfs) the full disk
@@ -169,11 +174,20 @@ def _kill_driver(proc, tag):
     os.kill(proc.pid, signal.SIGKILL)
 
 
-def _kill_vllm_engine(proc, tag):
-    engines = [line for line in tagged_processes(tag) if "RolloutRayActor" in line]
-    assert engines, f"no vLLM engine actor among {tagged_processes(tag)}"
-    for line in engines:
-        os.kill(int(line.split()[0]), signal.SIGKILL)
+def _kill_actor(name: str):
+    """A fault that kills every process of the run whose command line (Ray's title of an actor's
+    worker, `ray::<class>...`) names the actor class `name`."""
+    def kill(proc, tag):
+        found = [line for line in tagged_processes(tag) if name in line]
+        assert found, f"no {name} among {tagged_processes(tag)}"
+        for line in found:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+
+    return kill
+
+
+_kill_vllm_engine = _kill_actor("RolloutRayActor")
+_kill_policy_actor = _kill_actor("PolicyModelActor")  # ReplayPolicyModelActor's worker
 
 
 @pytest.fixture(scope="module")
@@ -199,11 +213,14 @@ def chain(tmp_path_factory):
             f.unlink()
         second = _run(tmp, "run2", cmd, ckpt, "global_step2", _kill_driver)
         third = _run(tmp, "run3", cmd, ckpt, "global_step3", _kill_vllm_engine)
-        left = {run["name"]: left_after(run["tag"], run["ended"], ORPHANS_EXIT_S) for run in (first, second, third)}
-        for run in (first, second, third):
+        fourth = _run(tmp, "run4", cmd, ckpt, "global_step4", _kill_policy_actor)
+        fifth = _run(tmp, "run5", cmd, ckpt, None, None)
+        runs = (first, second, third, fourth, fifth)
+        left = {run["name"]: left_after(run["tag"], run["ended"], ORPHANS_EXIT_S) for run in runs}
+        for run in runs:
             print(f"{run['name']}: exit {run['returncode']} after {run['seconds']:.0f} s"
                   f" ({run['stop_s'] or 0:.1f} s after its fault)")
-        yield {"runs": (first, second, third), "ckpt": ckpt, "disk": disk, "after_full": after_full,
+        yield {"runs": runs, "ckpt": ckpt, "disk": disk, "after_full": after_full,
                "left": left}
 
 
@@ -217,7 +234,7 @@ def _digests(run, kind: str) -> dict[int, tuple[int, str]]:
 
 def test_a_failed_or_nan_reward_is_scored_zero_counted_and_the_run_goes_on(chain):
     # faulty_reward.py fails at its 3rd and 5th call in each process: in each run's first step.
-    for run, step in zip(chain["runs"], (1, 2, 3)):
+    for run, step in zip(chain["runs"], (1, 2, 3, 4, 5)):
         assert _by_step(run, "reward/failed")[step] == 1 and _by_step(run, "reward/non_finite")[step] == 1
         assert (f"reward: step {step}: the reward function raised for 1 and returned NaN / inf for 1 of 16 "
                 "samples; scored 0") in run["log"]
@@ -231,7 +248,7 @@ def test_a_failed_or_nan_reward_is_scored_zero_counted_and_the_run_goes_on(chain
 def test_a_full_disk_during_a_checkpoint_stops_the_run_and_keeps_the_previous_checkpoint(chain):
     if chain["disk"] is None:
         pytest.skip("no tmpfs: mounting one needs root")
-    first, second, _ = chain["runs"]
+    first, second = chain["runs"][:2]
     assert first["returncode"] not in (0, -signal.SIGKILL) and first["stop_s"] < STOP_WITHIN_S
     assert "No space left on device" in first["log"]
     assert "train_ppo_ray: a step failed inside a Ray worker" in first["output"]
@@ -247,7 +264,7 @@ def test_a_full_disk_during_a_checkpoint_stops_the_run_and_keeps_the_previous_ch
 
 
 def test_a_killed_driver_resumes_from_its_last_checkpoint_with_the_same_buffer(chain):
-    _, second, third = chain["runs"]
+    second, third = chain["runs"][1:3]
     assert second["returncode"] == -signal.SIGKILL
     saved, restored = _digests(second, "saved"), _digests(third, "restored")
     assert 2 in saved and restored == {2: saved[2]}  # the buffer in memory at the save, restored
@@ -265,7 +282,7 @@ def test_the_replay_files_left_hold_the_buffers_that_were_saved(chain):
     for run in chain["runs"]:
         saved.update(_digests(run, "saved"))
     files = sorted((chain["ckpt"] / "_replay").glob("global_step*.npz"))
-    assert [f.name for f in files] == ["global_step2.npz", "global_step3.npz"]
+    assert [f.name for f in files] == ["global_step7.npz", "global_step8.npz"]  # the last run's last two
     config = ReplayConfig.from_namespace(ReplayConfig.add_cli_args(argparse.ArgumentParser()).parse_args(REPLAY))
     for f in files:
         buffer = ReplayBuffer.load(f, config, ("token_advantages",))
@@ -287,5 +304,25 @@ def test_a_killed_vllm_engine_stops_the_run_with_a_message_and_nothing_left(chai
     assert "train_ppo_ray: a step failed inside a Ray worker" in tail and "RolloutRayActor" in tail
 
 
+def test_a_killed_deepspeed_actor_stops_the_run_with_a_message_naming_it(chain):
+    fourth = chain["runs"][3]
+    assert fourth["stop_s"] is not None, "the policy actor was never killed"
+    assert fourth["returncode"] not in (0, -signal.SIGKILL) and fourth["stop_s"] < STOP_WITHIN_S
+    tail = fourth["output"][-3000:]
+    assert "train_ppo_ray: a step failed inside a Ray worker" in tail and "PolicyModelActor (pid" in tail
+    assert "rerun the same command with --ckpt.load_enable" in tail
+
+
+def test_the_rerun_after_a_killed_deepspeed_actor_resumes_with_its_buffer_and_walks_no_episode_again(chain):
+    third, fourth, fifth = chain["runs"][2:]
+    assert _digests(fourth, "restored") == {3: _digests(third, "saved")[3]}
+    saved, restored = _digests(fourth, "saved"), _digests(fifth, "restored")
+    assert 4 in saved and restored == {4: saved[4]}  # the buffer saved on episode 1's last step
+    assert fifth["returncode"] == 0, fifth["output"][-3000:]
+    # 16 prompts, 4 a step, 2 episodes: 8 steps in all; the resume trains episode 2 once.
+    assert sorted(_by_step(fifth, "policy_loss")) == [5, 6, 7, 8]
+    assert _by_step(fifth, "replay/replayed")[5] == 8  # drawn from the restored buffer at once
+
+
 def test_no_process_is_left_behind(chain):
-    assert chain["left"] == {"run1": [], "run2": [], "run3": []}
+    assert chain["left"] == {f"run{i}": [] for i in range(1, 6)}

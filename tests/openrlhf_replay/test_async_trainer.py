@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 from openrlhf.trainer import ppo_trainer_async as upstream
+from openrlhf.trainer.ppo_trainer import PPOTrainer
 
 from openrlhf_replay.trainer import ppo_trainer_async as ours
+from openrlhf_replay.trainer import resume
 from openrlhf_replay.trainer.ppo_utils.experience import AGE_KEY, REPLAYED_KEY, stored_token_columns
 from openrlhf_replay.utils import undecorated
 from replay import ReplayBuffer, ReplayConfig
@@ -152,6 +154,9 @@ def reentered_super_methods(cls, upstream_cls) -> list[str]:
     (ours._ReplayGenerateSamplesActor, upstream.GenerateSamplesActor),
     (ours._VersionedVLLMLock, upstream.VLLMLock),
     (ours._ReplayPPOTrainerAsync, upstream.PPOTrainerAsync),
+    (resume._ResumeTrainingActor, upstream.TrainingActor),  # the launcher's with replay off
+    (resume._ResumePPOTrainerAsync, upstream.PPOTrainerAsync),
+    (resume._ResumePPOTrainer, PPOTrainer),
 ])
 def test_every_upstream_method_that_calls_super_is_reentered(cls, upstream_cls):
     assert reentered_super_methods(cls, upstream_cls) == []
