@@ -10,6 +10,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ray.launcher import RayActorGroup
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
+from openrlhf.utils.logging_utils import TensorboardLogger
 
 from openrlhf_replay import OPENRLHF_VERSION
 from openrlhf_replay.utils import undecorated
@@ -39,6 +40,8 @@ SEAMS = [
     (undecorated(CriticModelActor).init_model_from_pretrained, ["self", "strategy", "pretrain", "max_steps"]),
     (undecorated(CriticModelActor).append, ["self", "experience"]),
     (undecorated(CriticModelActor).fit, ["self"]),
+    # the step's histograms (openrlhf_replay/logging_utils.py)
+    (TensorboardLogger.log_train, ["self", "global_step", "logs_dict"]),
 ]
 
 
@@ -72,3 +75,9 @@ def test_sources_still_have_the_assumptions_the_seams_make():
     assert init.index("self.actor, self.actor_optim, self.actor_scheduler = strategy.prepare(") < init.index(
         "strategy.load_ckpt(") < init.index("actor_scheduler=self.actor_scheduler,")
     assert "self.actor_loss_fn = PolicyLoss(" in inspect.getsource(ActorPPOTrainer.__init__)
+    # the controller's TensorBoard logger: built once, written by save_logs_and_checkpoints through
+    # log_train only, into the writer the histograms share
+    assert "self.tensorboard_logger = TensorboardLogger(self.args)" in inspect.getsource(BasePPOTrainer.__init__)
+    assert "self.tensorboard_logger.log_train(global_step, logs_dict)" in inspect.getsource(
+        BasePPOTrainer.save_logs_and_checkpoints)
+    assert "self.writer = SummaryWriter(" in inspect.getsource(TensorboardLogger.__init__)
