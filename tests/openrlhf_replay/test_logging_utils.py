@@ -80,6 +80,6 @@ def test_the_controller_draws_the_buffers_arrays_of_the_step(make_args, tmp_path
         assert event.step == 2 and h.num == len(maker.composition.replayed) == 16 and h.min == h.max == value
 
 
-def test_replay_off_draws_nothing_more_than_upstream(make_args, tmp_path):
+def test_replay_off_stages_no_histogram(make_args, tmp_path):
     ctl = _controller(make_args, tmp_path, "--replay.mode", "none")
     assert ctl.step_histograms() == {}
