@@ -15,7 +15,7 @@ import numpy as np
 from replay.checkpoint import ReplayCheckpointError, load_state, save_state
 from replay.composer import Composition
 from replay.config import ReplayConfig
-from replay.metrics import composition_metrics, store_metrics
+from replay.metrics import composition_histograms, composition_metrics, store_metrics
 from replay.pool import POOL_VERSION, SuccessPool, load_pool
 from replay.record import RolloutBatch
 from replay.registry import ModeHooks
@@ -108,6 +108,7 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(config.seed)
         self.last_step: int | None = None
         self._step_metrics: dict[str, float] = {}
+        self._step_histograms: dict[str, np.ndarray] = {}
 
     def _load_pool(self, config: ReplayConfig) -> SuccessPool:
         """RLEP's offline pool (`replay/pool.py`), loaded into the store as rollouts of version -1."""
@@ -160,6 +161,7 @@ class ReplayBuffer:
             comp = Composition(fresh, RolloutBatch.empty(), np.zeros(0, np.float32), np.zeros(0, np.int64))
         self.last_step = step
         self._step_metrics = composition_metrics(comp, step)
+        self._step_histograms = composition_histograms(comp, step)
         return comp
 
     def _insert_recorded(self, fresh: RolloutBatch, step: int, priorities: np.ndarray | None) -> None:
@@ -176,6 +178,12 @@ class ReplayBuffer:
         the last `step` (replayed fraction, ages, reuse, ess, importance weights where used)."""
         both = store_metrics(self.store) | self._step_metrics
         return {f"replay/{k}": float(v) for k, v in both.items()}
+
+    def histograms(self) -> dict[str, np.ndarray]:
+        """Flat `replay/...` value arrays of the last `step`, one value per replayed rollout (its
+        age in steps, its uses this one included): what TensorBoard draws as histograms. Empty
+        arrays on a step that replayed nothing; no keys before the first step."""
+        return {f"replay/{k}": v for k, v in self._step_histograms.items()}
 
     # ---------------------------------------------------------------- state
 
@@ -232,7 +240,7 @@ class ReplayBuffer:
         last_step = state.get("last_step")
         self.store, self.rng, self.hooks = store, rng, hooks
         self.last_step = None if last_step is None else int(last_step)
-        self._step_metrics = {}
+        self._step_metrics, self._step_histograms = {}, {}
 
     def _check_pool_rule(self, state: Mapping[str, Any]) -> None:
         """ValueError when `state` was written with another RLEP pool than this run's: an offline

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.composer import Composition
+from replay.record import RolloutBatch
 from replay.store import RolloutStore
 
 # Lower bounds of the age-histogram buckets (powers of two); age 0 would mean a step replays its
@@ -44,11 +45,28 @@ def zero_variance_group_fraction(rewards: np.ndarray, group_ids: np.ndarray) -> 
     return float(np.mean(hi == lo))
 
 
+def replayed_ages(replayed: RolloutBatch, step: int) -> np.ndarray:
+    """(m,) int64: each replayed rollout's age at `step`, in steps since the policy version that
+    generated it (an offline pool's rollouts, version -1, are step + 1 old)."""
+    return step - replayed.versions
+
+
+def replayed_uses(replayed: RolloutBatch) -> np.ndarray:
+    """(m,) int64: how often each replayed rollout has been trained on as replay, this use included
+    (the buffer counts the draw only after composing the step, so the stored count is one short)."""
+    return replayed.reuse_counts.astype(np.int64) + 1
+
+
+def composition_histograms(comp: Composition, step: int) -> dict[str, np.ndarray]:
+    """Per-step value arrays for histograms (one value per replayed rollout; empty when nothing was
+    replayed). Keys without the `replay/` prefix, as `composition_metrics`'."""
+    return {"replayed_age": replayed_ages(comp.replayed, step), "replayed_uses": replayed_uses(comp.replayed)}
+
+
 def composition_metrics(comp: Composition, step: int) -> dict[str, float]:
     """Per-step statistics of what was replayed into this step's batch."""
     rep, n_fresh = comp.replayed, len(comp.fresh)
-    ages = step - rep.versions
-    uses = rep.reuse_counts.astype(np.int64) + 1  # counts are taken at draw time: +1 for this use
+    ages, uses = replayed_ages(rep, step), replayed_uses(rep)
     out = {
         "fresh": float(n_fresh),
         "replayed": float(len(rep)),

@@ -6,8 +6,9 @@ Seams used (OpenRLHF 0.11.2): `BasePPOTrainer.__init__` builds `self.experience_
 by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics), `ppo_train`
 (wrapped: per-kind means, before upstream's KL controller reads `kl`),
 `_compute_rollout_stats` (fresh rows only), `save_logs_and_checkpoints` and
-`init_checkpoint_states` (replay state beside each checkpoint; the start episode, `resume.py`). `get_max_steps` is upstream's:
-the LR schedule is sized from the fresh batches in every condition, and the policy actor paces it
+`init_checkpoint_states` (replay state beside each checkpoint; the start episode, `resume.py`),
+and the `tensorboard_logger` it builds (switched to `HistogramTensorboardLogger`: the step's
+histograms). `get_max_steps` is upstream's: the LR schedule is sized from the fresh batches in every condition, and the policy actor paces it
 by rollout steps (`openrlhf_replay/trainer/lr_schedule.py`), so every condition warms up over the
 same rollout steps and ends its schedule at its last optimizer step, whatever replay adds.
 """
@@ -17,8 +18,9 @@ import os
 
 import ray
 from openrlhf.trainer.ppo_trainer import PPOTrainer
-from openrlhf.utils.logging_utils import init_logger
+from openrlhf.utils.logging_utils import TensorboardLogger, init_logger
 
+from openrlhf_replay.logging_utils import HistogramTensorboardLogger
 from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind, stored_token_columns
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ppo_utils.samples_generator import (GenerationCounts, ReplaySamplesGenerator,
@@ -65,6 +67,8 @@ class ReplayControllerMixin(EpisodeResume):
             self.actor_model_group, self.critic_model_group, self.reward_model_group, self.reference_model_group,
             self.kl_ctl, self.strategy, self.tokenizer, replay_buffer=self.replay,
         )
+        if isinstance(self.tensorboard_logger, TensorboardLogger):  # upstream's, when --logger.tensorboard_dir is set
+            self.tensorboard_logger.__class__ = HistogramTensorboardLogger  # draws `step_histograms` too
 
     # ---------------------------------------------------------------- per step
 
@@ -89,6 +93,8 @@ class ReplayControllerMixin(EpisodeResume):
             status["replay/overhead_s"] = self.experience_maker.replay_seconds
             status.update(rollout_accounting(len(rollout_samples), sum(calls, GenerationCounts()),
                                              self.experience_maker))
+        if isinstance(self.tensorboard_logger, HistogramTensorboardLogger):
+            self.tensorboard_logger.stage(self.step_histograms())
         return status, next_step
 
     def ppo_train(self, global_steps):
@@ -99,6 +105,12 @@ class ReplayControllerMixin(EpisodeResume):
             # the reward, that is then the fresh rows' KL, as upstream measures it without replay.
             status.update(split_by_row_kind(status))
         return status
+
+    def step_histograms(self) -> dict:
+        """The step's arrays that TensorBoard draws as histograms, beside the status's scalars (kept out
+        of the status, which upstream also prints and sends to wandb): `replay/...` keys to 1-D arrays,
+        one value per item counted. Empty with replay off."""
+        return self.replay.histograms() if self.replay_config.enabled else {}
 
     def _compute_rollout_stats(self, experiences):
         """Upstream's rollout statistics (reward, length, ...) describe generation: fresh rows only."""

@@ -11,6 +11,7 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 from openrlhf.trainer.ray.launcher import RayActorGroup
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 from openrlhf.trainer.ray.ppo_critic import CriticModelActor, CriticPPOTrainer
+from openrlhf.utils.logging_utils import TensorboardLogger
 
 from openrlhf_replay import OPENRLHF_VERSION
 from openrlhf_replay.utils import undecorated
@@ -44,6 +45,8 @@ SEAMS = [
     (undecorated(CriticModelActor).init_model_from_pretrained, ["self", "strategy", "pretrain", "max_steps"]),
     (undecorated(CriticModelActor).append, ["self", "experience"]),
     (undecorated(CriticModelActor).fit, ["self"]),
+    # the step's histograms (openrlhf_replay/logging_utils.py)
+    (TensorboardLogger.log_train, ["self", "global_step", "logs_dict"]),
 ]
 
 
@@ -85,3 +88,9 @@ def test_sources_still_have_the_assumptions_the_seams_make():
     assert train.count("experience.action_log_probs") == 1
     assert "old_action_log_probs = experience.action_log_probs" in train
     assert "log_probs_old=old_action_log_probs" in train
+    # the controller's TensorBoard logger: built once, written by save_logs_and_checkpoints through
+    # log_train only, into the writer the histograms share
+    assert "self.tensorboard_logger = TensorboardLogger(self.args)" in inspect.getsource(BasePPOTrainer.__init__)
+    assert "self.tensorboard_logger.log_train(global_step, logs_dict)" in inspect.getsource(
+        BasePPOTrainer.save_logs_and_checkpoints)
+    assert "self.writer = SummaryWriter(" in inspect.getsource(TensorboardLogger.__init__)

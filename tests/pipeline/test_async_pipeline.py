@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from openrlhf_replay.cpu.quickstart import read_scalars
-from tiny_run import BATCHES, DIGEST, LARGE_LR, PLATFORM  # tests/support
+from tiny_run import BATCHES, DIGEST, LARGE_LR, PLATFORM, read_histograms  # tests/support
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,8 @@ def chain(tmp_path_factory):
     resumed = _run(tmp, "resumed", cmd + ["--train.partial_rollout_enable"])
     assert resumed["returncode"] == 0, resumed["output"][-6000:]
     scalars = read_scalars(tmp / "tensorboard" / "tb")  # both runs' events; the resumed run's steps are 3, 4
-    return {"killed": killed, "resumed": resumed, "scalars": scalars}
+    return {"killed": killed, "resumed": resumed, "scalars": scalars,
+            "histograms": read_histograms(tmp / "tensorboard" / "tb")}
 
 
 def _digests(run: dict, kind: str) -> dict[int, tuple[int, str]]:
@@ -115,6 +116,18 @@ def test_async_replays_after_the_warmup_from_the_restored_buffer(chain):
     replayed = _by_step(chain, "replay/replayed")
     assert replayed[3] == replayed[4] == 8  # round(0.5 x 16 / 8) x 8, drawn at once after the resume
     assert _by_step(chain, "replay/is_replayed")[4] == pytest.approx(8 / 24)  # they reached the loss
+
+
+def test_tensorboard_draws_the_replayed_rows_ages_from_generation_and_their_uses(chain):
+    """The resumed run's steps draw a value per replayed row in both histograms; its ages count
+    from the policy version that generated each row (the versions the experience maker dumped)."""
+    ages, uses = (chain["histograms"].get(f"train/replay/replayed_{k}", {}) for k in ("age", "uses"))
+    for step in (3, 4):
+        dump = chain["resumed"]["dumps"][step - 1]  # the buffer counts steps from 0
+        dumped = dump["step"] - np.array(dump["stored_versions"])
+        assert ages[step].num == uses[step].num == len(dumped) == _by_step(chain, "replay/replayed")[step] == 8
+        assert (ages[step].min, ages[step].max, ages[step].sum) == (dumped.min(), dumped.max(), dumped.sum())
+        assert 1 <= uses[step].min and uses[step].max == _by_step(chain, "replay/reuse_max")[step]
 
 
 def test_fresh_rows_are_recorded_older_than_zero(chain):

@@ -44,7 +44,7 @@ import numpy as np
 import pytest
 
 from openrlhf_replay.cpu.quickstart import read_scalars
-from tiny_run import BATCHES, LARGE_LR, PLATFORM  # tests/support
+from tiny_run import BATCHES, LARGE_LR, PLATFORM, read_histograms  # tests/support
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +107,7 @@ def _run(tmp: Path, name: str, argv: list[str], env_extra: dict | None = None) -
     text = (out / "log.txt").read_text(errors="replace")
     assert proc.returncode == 0, f"{name} run failed ({proc.returncode}); log tail:\n" + text[-6000:]
     return {"dir": out, "log": text, "scalars": read_scalars(out / "tensorboard" / "tb"),
+            "histograms": read_histograms(out / "tensorboard" / "tb"),
             "seconds": time.monotonic() - t0}
 
 
@@ -195,6 +196,34 @@ def test_replayed_rollouts_were_in_the_training_batches(runs):
     assert _by_step(run, "replay/is_replayed")[2] == pytest.approx(8 / 24)
     assert _by_step(run, "replay/clip_frac_replay")[2] >= 0  # split statistics from the actors' loss
     assert _by_step(run, "replay/size")[2] > 0
+
+
+def test_tensorboard_draws_each_replayed_rows_age_and_uses_and_the_zero_variance_share(runs):
+    """Per step after the warm-up, the event file holds a histogram of the replayed rows' ages and
+    one of their uses (this one included), each with a value per row replayed: the ages those of the
+    rows the experience maker dumped. The warm-up step draws none. The zero-variance share is that
+    of the dumped step's fresh groups (prompts). Replay off draws no histogram."""
+    run = runs["replay"]
+    ages, uses = (run["histograms"].get(f"train/replay/replayed_{k}", {}) for k in ("age", "uses"))
+    assert sorted(ages) == sorted(uses) == [2, 3, 4]
+    dumps = {int(p.stem[len("step"):]) + 1: json.loads(p.read_text()) for p in (run["dir"] / "dump").glob("step*.json")}
+    for step in (2, 3, 4):
+        dump = dumps[step]
+        dumped = dump["step"] - np.array(dump["stored_versions"])  # the buffer counts steps from 0
+        assert ages[step].num == uses[step].num == len(dumped) == _by_step(run, "replay/replayed")[step] == 8
+        assert (ages[step].min, ages[step].max, ages[step].sum) == (dumped.min(), dumped.max(), dumped.sum())
+        assert uses[step].min >= 1 and uses[step].max == _by_step(run, "replay/reuse_max")[step]
+        assert uses[step].sum == pytest.approx(8 * _by_step(run, "replay/reuse_mean")[step])
+        groups: dict[tuple, set] = {}
+        for r in dump["rows"]:
+            if not r["replayed"]:
+                groups.setdefault(_prompt_of(r), set()).add(r["reward"])
+        share = sum(len(rewards) == 1 for rewards in groups.values()) / len(groups)
+        assert len(groups) == 4 and _by_step(run, "replay/zero_variance_group_fraction")[step] == pytest.approx(share)
+    assert uses[2].max == 1  # the first replaying step: no row was replayed before
+    assert not runs["control"]["histograms"]
+    # With dynamic filtering the share is of the groups kept: every constant group was dropped.
+    assert set(_by_step(runs["filter"], "replay/zero_variance_group_fraction").values()) == {0.0}
 
 
 def test_kl_as_a_loss_trains_and_is_logged_for_fresh_and_replayed_rows(runs):

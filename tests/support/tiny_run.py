@@ -2,8 +2,10 @@
 rank, gloo weight sync, sdpa attention, ZeRO-2 in bf16, the prompt file's keys, and batches sized
 for a tiny model (4 prompts x 4 rollouts a step, training batches of 8, 16 new tokens). Each test
 adds its own replay, KL and checkpoint flags; argparse takes the last value of a flag given twice.
-Also the log line a run writes when it saves or restores the replay buffer."""
+Also the log line a run writes when it saves or restores the replay buffer, and the histograms a
+run draws in TensorBoard, read back."""
 import re
+from pathlib import Path
 
 PLATFORM = [
     "--data.input_key", "prompt", "--data.label_key", "label", "--data.apply_chat_template",
@@ -19,3 +21,13 @@ BATCHES = [
 # A large constant step, so that a change of weights shows.
 LARGE_LR = ["--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0", "--actor.lr_scheduler", "constant"]
 DIGEST = re.compile(r"replay: (saved|restored) (\d+) rollouts (?:to|from) global_step(\d+)\.npz \(state (\w+)\)")
+
+
+def read_histograms(folder: Path) -> dict[str, dict[int, object]]:
+    """{tag: {step: HistogramValue (num, min, max, sum, buckets)}} from the event files in `folder`
+    (the histograms `HistogramTensorboardLogger` draws beside upstream's scalars)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"histograms": 0})
+    acc.Reload()
+    return {tag: {e.step: e.histogram_value for e in acc.Histograms(tag)} for tag in acc.Tags()["histograms"]}
