@@ -48,6 +48,9 @@ if [[ $PYTHON == */* ]]; then  # a relative path would break once a run changes 
 fi
 DRY_RUN=${DRY_RUN:-0}
 REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/rehearsal/); all: at every scale and GPU count too
+# Inputs of the command that an earlier script makes, missing at a dry run (`--pending PATH` words
+# for the validator, which then checks the rest): a condition script fills it.
+VALIDATE_PENDING=()
 REHEARSE_SOLVE_RATE=${REHEARSE_SOLVE_RATE:-}     # the rehearsal's mean P(correct) over prompts (unset: its default, 0.4; see python -m openrlhf_replay.rehearsal --help)
 
 # ---- the algorithm (docs/METHOD.md sections 2-3)
@@ -329,7 +332,7 @@ launch_training() {
   echo "$settings"
   print_command "${cmd[@]}"
   if [[ $DRY_RUN == 1 ]]; then
-    validate_command -- "${cmd[@]}"
+    validate_command "${VALIDATE_PENDING[@]}" -- "${cmd[@]}"
     return
   fi
   if [[ $REHEARSE == 1 || $REHEARSE == all ]]; then  # every step of every episode, stand-ins for the GPU work

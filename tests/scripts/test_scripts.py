@@ -89,7 +89,7 @@ def test_image_pins_match_the_requirements():
 # are checked with a stand-in python below (test_every_condition_shares_the_baseline_settings,
 # test_gpu_count_and_model_scale_shape_the_command).
 DRY_RUNS = [("train_grpo", {}), ("train_grpo_replay", {}), ("train_grpo_replay", {"M2PO": "1"}),
-            ("train_grpo_exgrpo_replay", {})] + [
+            ("train_grpo_exgrpo_replay", {}), ("train_grpo_success_replay", {})] + [
     ("eval", {}),
     ("eval", {"CONDITION": "grpo_replay"}),
     ("eval", {"CONDITION": "grpo_replay", "SWEEP": 1}),
@@ -141,6 +141,11 @@ def test_dry_run_validates_the_exact_command(dry_runs, case):
         assert re.search(r"^replay: mode exgrpo \(ExGRPO\), after step 20 one stored success of each of up to 512 "
                          r"questions .* buckets of K = 8 rollouts per prompt; .* off-policy rule exgrpo$",
                          proc.stdout, re.M), proc.stdout[-2000:]
+    if script == "train_grpo_success_replay":  # as on a fresh clone: the pool an earlier script makes is missing
+        pool = dry_runs["runs_dir"] / "Qwen3-1.7B-Base/success_pool_seed42.npz"
+        assert f"note: no success pool at {pool} yet (build_success_pool.sh makes it)" in proc.stdout
+        assert f"validate: note: {pool} does not exist yet: not checked" in proc.stdout
+        assert command.endswith(f"--replay.success_pool {pool}")
     if extra.get("M2PO"):  # M2PO's rule and AReaL's behaviour-weight cap win over the script's stale
         assert command.endswith("--replay.off_policy m2po --algo.advantage.is_correction_level token "
                                 "--algo.advantage.is_correction_mode mask --algo.advantage.is_correction_gating ratio "
@@ -298,6 +303,14 @@ def test_the_pool_script_decodes_the_grpo_checkpoint_after_one_epoch(stub):
     assert flags["--max-samples"] == train["--data.max_samples"]
     assert flags["--max-new-tokens"] == train["--rollout.max_new_tokens"] and flags["--max-len"] == train["--data.max_len"]
     assert _run("build_success_pool", stub(POOL_STEP=40)).returncode != 0  # no checkpoint 40 here
+
+
+def test_a_dry_run_names_the_checkpoint_an_earlier_script_makes_and_goes_on(stub):
+    checkpoint = Path(stub()["RUNS_DIR"]) / "Qwen3-1.7B-Base/grpo_seed42/ckpt/global_step60_hf"
+    proc = _run("build_success_pool", stub(DRY_RUN=1))  # a fresh clone: no GRPO run yet
+    assert proc.returncode == 0, proc.stderr
+    assert f"note: no seed checkpoint at {checkpoint} yet (train_grpo.sh saves it)" in proc.stdout
+    assert "build_success_pool: command: " in proc.stdout and not Path(stub()["RUNS_DIR"]).exists()
 
 
 # (script, environment, shape): shape is nodes, GPUs per node, vLLM engines, and the train and
@@ -492,6 +505,28 @@ def test_validator_refuses_what_would_fail_later(validate, extra, module, fragme
     with pytest.raises(validate.Invalid) as caught:
         validate.validate(["python", "-m", module, *BASE, *extra])
     assert any(fragment in e for e in caught.value.errors), caught.value.errors
+
+
+def test_validator_checks_the_rest_of_a_command_whose_pool_is_pending(tmp_path):
+    """A pool an earlier step makes (`--pending`) is not an error while missing; every other check
+    still runs, those that depend on a pool being given included."""
+    if not DATA.is_file():
+        pytest.skip(f"{DATA} is not here")
+    pool = str(tmp_path / "pool.npz")
+    argv = ["--", "python", "-m", "openrlhf_replay.cli.train_ppo_ray", *BASE, "--replay.mode", "success",
+            "--replay.success_pool", pool]
+
+    def cli(*words):
+        return subprocess.run([sys.executable, "-m", "openrlhf_replay.cli.validate", *words], cwd=ROOT,
+                              capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=3) as pool_of_runs:
+        missing, pending, refused = pool_of_runs.map(lambda words: cli(*words), [
+            argv, ["--pending", pool, *argv],
+            ["--pending", pool, *argv, "--algo.kl.init_coef", "0.01", "--algo.kl.use_loss"]])
+    assert missing.returncode == 1 and f"--replay.success_pool: success pool {pool}" in missing.stderr
+    assert pending.returncode == 0 and f"validate: note: {pool} does not exist yet: not checked" in pending.stdout
+    assert refused.returncode == 1 and "an offline pool holds no reference log-probs" in refused.stderr
 
 
 @pytest.mark.parametrize("argv, fragment", [
