@@ -164,6 +164,19 @@ def test_dry_run_refuses_a_gpu_count_the_batches_do_not_split_over(dry_runs):
     assert "multiple of train.micro_batch_size x GPUs = 4 x 3 = 12" in proc.stderr
 
 
+def test_the_cpu_scripts_dry_run_without_running(tmp_path):
+    """The CPU scripts train when run: a dry run of a whole sweep only checks them (a run would
+    take minutes, the lab hours: the timeout catches one that starts)."""
+    lab = _run("sample_efficiency", _env(tmp_path, DRY_RUN=1), "--quick", "--out-dir", str(tmp_path / "lab"),
+               timeout=120)
+    assert lab.returncode == 0 and "sample_efficiency: dry run: settings OK" in lab.stdout, lab.stderr[-2000:]
+    bad = _run("sample_efficiency", _env(tmp_path, DRY_RUN=1), "--no-such-setting", timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-setting" in bad.stderr
+    quick = _run("quickstart_cpu", _env(tmp_path, DRY_RUN=1, RUN_DIR=tmp_path / "quick"), timeout=300)
+    assert quick.returncode == 0 and "quickstart: dry run: " in quick.stdout, quick.stdout[-2000:] + quick.stderr[-2000:]
+    assert not (tmp_path / "lab").exists() and not (tmp_path / "quick").exists()
+
+
 def test_bad_settings_fail_before_python(tmp_path):
     proc = _run("train_grpo_replay", _env(tmp_path, DRY_RUN=1, NUM_GPUS="eight"))
     assert proc.returncode != 0 and "NUM_GPUS=eight: must be an integer >= 1" in proc.stderr
