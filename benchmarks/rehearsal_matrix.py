@@ -9,7 +9,8 @@ train, half generate; its shadows split alike). Checks per run:
 - complete: every step of every episode walked, at every shape, none crashed;
 - ranks equal: at every shape, every rank took the same optimizer steps;
 - replay: every step after the warm-up replayed (else the run's report says on which steps not).
-A launch that refuses the composition (its reason printed) is recorded as refused, not as a failure.
+A launch that refuses the composition, or one of its shapes (its reason printed), is recorded as
+refused there, not as a failure.
 
 One JSON report per run under --out (`<feature>-<sync|async>.json`: the rehearsal's report plus
 `matrix`: the checks, the flags, seconds); a run whose report exists is skipped, so rerunning the
@@ -78,9 +79,12 @@ def checks(report: dict) -> dict:
     if crash.startswith("refused before start"):
         return {"verdict": "refused", "why": crash}
     shapes = report.get("shapes", [])
-    broken = [s["flags"] or "this run" for s in shapes if s["crash"] is not None
-              or s["steps_completed"] != report["steps_completed"]]
-    unequal = [s["flags"] or "this run" for s in shapes if len(set(s["optimizer_steps_per_rank"])) > 1]
+    # A shape the launch refuses (its reason printed; e.g. a critic on 8 GPUs beside a 4-GPU actor)
+    # is one the appended flags do not scale to: recorded, not a crash.
+    refused = [s["flags"] for s in shapes if (s["crash"] or "").startswith("refused before start")]
+    broken = [s["flags"] or "this run" for s in shapes if s["flags"] not in refused and (
+        s["crash"] is not None or s["steps_completed"] != report["steps_completed"])]
+    unequal = [s["flags"] or "this run" for s in shapes if len(set(s.get("optimizer_steps_per_rank", []))) > 1]
     replay = report.get("replayed_per_step", {})
     after = replay.get("steps_after_warmup", 0)
     without = [i for i, n in enumerate(replay.get("counts", [])) if n == 0 and i >= report["steps_completed"] - after]
@@ -91,6 +95,8 @@ def checks(report: dict) -> dict:
         result["why"] = crash or f"crashed or cut short at: {'; '.join(broken)}"
     if unequal:
         result["unequal_ranks_at"] = unequal
+    if refused:
+        result["refused_at"] = refused
     if without:
         result["steps_without_replay"] = without
     return result
@@ -126,13 +132,15 @@ def row(report: dict) -> str:
     m = report["matrix"]
     if m["verdict"] == "refused":
         return ROW.format(feature=m["feature"], mode=m["mode"], steps="-", shapes="-", ranks="-",
-                          replay="-", seconds=m["seconds"], verdict="refused: " + m["why"].split(": ", 1)[-1])
+                          replay="-", seconds=m["seconds"],
+                          verdict="refused: " + " ".join(m["why"].split(": ", 1)[-1].split()))  # one table line
     replay = report.get("replayed_per_step", {})
     shapes = report.get("shapes", [])
     return ROW.format(
         feature=m["feature"], mode=m["mode"], seconds=m["seconds"],
         steps=f"{report.get('steps_completed')} of {report.get('steps_expected') or '?'}",
-        shapes=f"{sum(s['crash'] is None for s in shapes)} of {len(shapes)}",
+        shapes=f"{sum(s['crash'] is None for s in shapes)} of {len(shapes)}"
+        + (f" ({len(m['refused_at'])} refused)" if m.get("refused_at") else ""),
         ranks="yes" if m["ranks_equal"] else "no: " + "; ".join(m["unequal_ranks_at"]),
         replay=(f"{replay.get('min')} / {replay.get('max')}; {replay.get('steps_with_replay')} of "
                 f"{replay.get('steps_after_warmup')}") if replay else "-",
@@ -189,6 +197,7 @@ def run_all(features: list[str], modes: list[str], out: Path, data: Path, env: d
         path = out / f"{feature}-{mode}.json"
         if path.is_file():
             reports.append(json.loads(path.read_text()))
+            reports[-1]["matrix"].update(checks(reports[-1]))  # the verdict by this code's checks
             print(f"[{i}/{len(runs)}] {feature} {mode}: kept ({path.name})", flush=True)
             continue
         report = run_one(feature, mode, data, env, python)
