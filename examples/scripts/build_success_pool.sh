@@ -50,7 +50,10 @@ cmd=("$PYTHON" -m openrlhf_replay.cli.build_success_pool
 describe_settings MODEL SEED POOL_STEP SEED_CHECKPOINT DATA SUCCESS_POOL
 print_command "${cmd[@]}"
 if [[ ! -d $SEED_CHECKPOINT ]]; then
-  die "no seed checkpoint at $SEED_CHECKPOINT: run train_grpo.sh (same MODEL, SEED, RUNS_DIR) to step $POOL_STEP at least (it saves every SAVE_STEPS=$SAVE_STEPS), or set SEED_CHECKPOINT=<model folder> or POOL_STEP"
+  how="run train_grpo.sh (same MODEL, SEED, RUNS_DIR) to step $POOL_STEP at least (it saves every SAVE_STEPS=$SAVE_STEPS), or set SEED_CHECKPOINT=<model folder> or POOL_STEP"
+  # A sweep's dry run comes before the GRPO run that saves it: named, and the dry run goes on.
+  [[ $DRY_RUN == 1 ]] || die "no seed checkpoint at $SEED_CHECKPOINT: $how"
+  echo "$SCRIPT_NAME: note: no seed checkpoint at $SEED_CHECKPOINT yet (train_grpo.sh saves it): $how"
 fi
 if [[ -f $SUCCESS_POOL && ${OVERWRITE:-0} != 1 ]]; then
   echo "$SCRIPT_NAME: $SUCCESS_POOL exists: kept (OVERWRITE=1 to rebuild it)"

@@ -48,6 +48,9 @@ if [[ $PYTHON == */* ]]; then  # a relative path would break once a run changes 
 fi
 DRY_RUN=${DRY_RUN:-0}
 REHEARSE=${REHEARSE:-0}                          # 1: walk the whole run on this CPU (openrlhf_replay/rehearsal/); all: at every scale and GPU count too
+# Inputs of the command that an earlier script makes, missing at a dry run (`--pending PATH` words
+# for the validator, which then checks the rest): a condition script fills it.
+VALIDATE_PENDING=()
 REHEARSE_SOLVE_RATE=${REHEARSE_SOLVE_RATE:-}     # the rehearsal's mean P(correct) over prompts (unset: its default, 0.4; see python -m openrlhf_replay.rehearsal --help)
 
 # ---- the algorithm (docs/METHOD.md sections 2-3)
@@ -152,12 +155,18 @@ micro_batches() {  # <model> <gpus in all>
 }
 
 # The flags that change with the model scale and the GPU count (8 per node beyond 8 GPUs):
-# what REHEARSE=all adds as shadow shapes of a run.
+# what REHEARSE=all adds as shadow shapes of a run. Async training (ASYNC=1) splits each node's
+# GPUs as training_settings does: half DeepSpeed ranks, half vLLM engines.
 shape_flags() {  # <model> <gpus in all>
   local nodes=$((($2 + 7) / 8)) per_node=$(($2 < 8 ? $2 : 8)) train rollout
-  read -r train rollout <<<"$(micro_batches "$1" "$2")"
-  echo "--actor.model_name_or_path $1 --actor.num_nodes $nodes --actor.num_gpus_per_node $per_node" \
-    "--vllm.num_engines $(($2 / VLLM_TP)) --train.micro_batch_size $train --rollout.micro_batch_size $rollout"
+  local actors=$per_node engines=$(($2 / VLLM_TP))
+  if [[ ${ASYNC:-0} == 1 ]]; then
+    actors=$((per_node / 2))
+    engines=$((nodes * (per_node - actors) / VLLM_TP))
+  fi
+  read -r train rollout <<<"$(micro_batches "$1" $((nodes * actors)))"
+  echo "--actor.model_name_or_path $1 --actor.num_nodes $nodes --actor.num_gpus_per_node $actors" \
+    "--vllm.num_engines $engines --train.micro_batch_size $train --rollout.micro_batch_size $rollout"
 }
 
 # Fills GPUS_TOTAL, FRESH_ROLLOUTS, MICRO_TRAIN_BATCH, MICRO_ROLLOUT_BATCH, VLLM_ENGINES and
@@ -329,7 +338,7 @@ launch_training() {
   echo "$settings"
   print_command "${cmd[@]}"
   if [[ $DRY_RUN == 1 ]]; then
-    validate_command -- "${cmd[@]}"
+    validate_command "${VALIDATE_PENDING[@]}" -- "${cmd[@]}"
     return
   fi
   if [[ $REHEARSE == 1 || $REHEARSE == all ]]; then  # every step of every episode, stand-ins for the GPU work
@@ -337,6 +346,7 @@ launch_training() {
     if [[ $REHEARSE == all ]]; then  # and, alongside, every model scale at every supported GPU count
       for model in Qwen/Qwen3-0.6B-Base Qwen/Qwen3-1.7B-Base Qwen/Qwen3-4B-Base; do
         for gpus in 1 2 4 8 16 32; do
+          ((ASYNC == 0 || gpus >= 2)) || continue  # async needs a GPU for each half
           shapes+=(--shape "$(shape_flags "$model" "$gpus")")
         done
       done

@@ -68,6 +68,22 @@ start=$(date +%s)
 say() { printf '[quickstart %4ss] %s\n' "$(( $(date +%s) - start ))" "$*"; }
 fail() { printf '\nquickstart: FAILED: %s\n' "$*" >&2; exit 1; }
 
+# DRY_RUN=1: the checks a run starts with (environment, memory, disk, the evaluation's files), in a
+# scratch folder; nothing is trained, downloaded or written.
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  if [ ! -x "$python" ]; then
+    echo "quickstart: dry run: no $python yet (the run builds it first: bash scripts/setup_env.sh); nothing else to check"
+    exit 0
+  fi
+  scratch=$(mktemp -d)
+  trap 'rm -rf "$scratch"' EXIT
+  check_eval=(); [ "$EVAL" != 1 ] || check_eval=(--evaluate)
+  "$python" -m openrlhf_replay.cpu.quickstart preflight --model "$MODEL" --run-dir "$scratch" "${check_eval[@]}" ||
+    fail "the checks above must pass first"
+  echo "quickstart: dry run: MODEL=$MODEL DATA=$DATA STEPS=$STEPS RUN_DIR=$RUN_DIR: the checks pass; nothing run"
+  exit 0
+fi
+
 diagnose() { "$python" -m openrlhf_replay.cpu.quickstart diagnose --log "$1" 2>&1; }
 
 # Every long step runs in its own process group (Ray, vLLM and grader processes included), which

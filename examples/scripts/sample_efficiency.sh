@@ -14,4 +14,8 @@ PYTHON=${PYTHON:-$REPO_ROOT/.venv/bin/python}
 # Idle OpenMP threads sleep instead of spinning on a preempted peer (a shared CPU: see se_task.py).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 cd "$REPO_ROOT"
+if [[ ${DRY_RUN:-0} == 1 ]]; then  # it trains on this CPU: a dry run parses its settings and runs nothing
+  exec "$PYTHON" -c 'import sys; sys.path.insert(0, "benchmarks/lab"); from se_settings import parse_args
+a = parse_args(sys.argv[1:]); print(f"sample_efficiency: dry run: settings OK (output {a.out_dir}); nothing run")' "$@"
+fi
 exec "$PYTHON" benchmarks/lab/sample_efficiency.py "$@"

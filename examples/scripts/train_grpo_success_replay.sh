@@ -11,8 +11,9 @@
 #   $RUNS_DIR/<model>/success_pool_seed<SEED>.npz, which build_success_pool.sh decodes from the
 #   comparison's own GRPO run at the end of its first epoch (step 60 at the defaults; why: that
 #   script). Fixed during the run and replayed from the first step: the warm-up does not apply to
-#   it. The launch stops with the command to build it when it is missing; a rehearsal
-#   (REHEARSE=1) stands a pool in for it (openrlhf_replay/rehearsal/pool.py).
+#   it. The launch stops with the command to build it when it is missing; a dry run (DRY_RUN=1)
+#   names it and checks the rest; a rehearsal (REHEARSE=1) stands a pool in for it
+#   (openrlhf_replay/rehearsal/pool.py).
 # - SUCCESS_POOL=<file>: another offline pool (`python -m openrlhf_replay.cli.build_success_pool`).
 # - SUCCESS_POOL=in-run: the run's own successes, kept with no age limit (a prompt returns once
 #   per epoch), so replay starts in the second epoch. REPLAY_SUCCESS_CAPACITY bounds it (the
@@ -28,7 +29,11 @@ POOL_ARGS=()
 if [[ $SUCCESS_POOL != in-run ]]; then
   POOL_ARGS=(--replay.success_pool "$(realpath -m "$SUCCESS_POOL")")
   if [[ ! -f $SUCCESS_POOL && $REHEARSE == 0 ]]; then
-    die "no success pool at $SUCCESS_POOL. RLEP replays a pool decoded from the GRPO run's checkpoint: run train_grpo.sh (to step $(default_pool_step) at least), then build_success_pool.sh, with the same MODEL and SEED; or set SUCCESS_POOL=<pool file>, or SUCCESS_POOL=in-run for the run's own successes"
+    how="RLEP replays a pool decoded from the GRPO run's checkpoint: run train_grpo.sh (to step $(default_pool_step) at least), then build_success_pool.sh, with the same MODEL and SEED"
+    [[ $DRY_RUN == 1 ]] || die "no success pool at $SUCCESS_POOL. $how; or set SUCCESS_POOL=<pool file>, or SUCCESS_POOL=in-run for the run's own successes"
+    # A sweep's dry run comes before the runs that make the pool: it is named, the rest is checked.
+    echo "$SCRIPT_NAME: note: no success pool at $SUCCESS_POOL yet (build_success_pool.sh makes it): $how"
+    VALIDATE_PENDING=(--pending "$(realpath -m "$SUCCESS_POOL")")
   fi
 fi
 

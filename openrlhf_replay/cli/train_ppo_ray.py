@@ -40,6 +40,9 @@ from replay.pool import SuccessPoolError, load_pool
 # modules as they are first imported.
 
 UPSTREAM_CLI = "openrlhf.cli.train_ppo_ray"
+# Input files that a step not run yet will make (a sweep's dry run: RLEP's pool, decoded from the
+# GRPO run's checkpoint): `validate --pending` names them, and a missing one is not an error there.
+PENDING_FILES: frozenset[str] = frozenset()
 
 
 ENVIRONMENT_HELP = """environment (read by this launcher, not by upstream's):
@@ -214,6 +217,8 @@ def success_pool_errors(config: ReplayConfig) -> list[str]:
     """An offline RLEP pool that cannot be loaded or held, before Ray starts. Whether it belongs to
     the run's tokenizer and prompts is checked where those are loaded (the trainer's start)."""
     if not config.success_pool:
+        return []
+    if not os.path.exists(config.success_pool) and os.path.realpath(config.success_pool) in PENDING_FILES:
         return []
     try:
         pool = load_pool(config.success_pool)

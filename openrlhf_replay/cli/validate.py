@@ -323,18 +323,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m openrlhf_replay.cli.validate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--resolved-json", metavar="PATH", help="write the resolved settings here as JSON")
+    parser.add_argument("--pending", action="append", default=[], metavar="PATH",
+                        help="an input file of the command that an earlier step makes (e.g. RLEP's pool): when "
+                        "missing, the checks that read it wait for it and the rest are made")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command, e.g. -- python -m ...")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given: pass -- python -m <module> <arguments>")
     shown = " ".join(command[:3])
+    pending = frozenset(os.path.realpath(path) for path in args.pending if not os.path.exists(path))
     try:
-        report = validate(command)
+        with _patched(train_ppo_ray, "PENDING_FILES", pending):
+            report = validate(command)
     except Invalid as e:
         print(f"validate: INVALID {shown}:\n  - " + "\n  - ".join(e.errors), file=sys.stderr, flush=True)
         return 1
-    for note in report.notes:
+    for note in report.notes + [f"{path} does not exist yet: not checked" for path in sorted(pending)]:
         print(f"validate: note: {note}", flush=True)
     print(f"validate: OK {shown}: {report.summary}", flush=True)
     if args.resolved_json:

@@ -286,3 +286,31 @@ def test_async_training_with_dynamic_filtering_replays_and_counts_every_rollout_
     every_prompt = EPISODES * STEPS_PER_EPISODE * BATCH * 8
     assert report["rollouts_generated"] == report["rollouts_generated_by_engines"] == every_prompt
     assert report["rollouts_filtered"] > 0
+
+
+def test_the_matrix_rehearses_async_at_its_split_on_every_shape(tmp_path):
+    """A slice of benchmarks/rehearsal_matrix.py (the whole matrix is its own run: docs/GPU_RUNS.md):
+    the method with `--train.async_enable` at every shape, each shadow split as the run is (half of
+    each node's GPUs train, half generate), every step walked, ranks alike, replay after the warm-up;
+    a rerun keeps the report instead of rehearsing again."""
+    def matrix():
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks/rehearsal_matrix.py"), "--only", "replay",
+                               "--modes", "async", "--out", str(tmp_path)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=1200)
+
+    first = matrix()
+    assert first.returncode == 0 and "[1/1] replay async: pass" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
+    report = json.loads((tmp_path / "replay-async.json").read_text())
+    assert report["matrix"]["verdict"] == "pass" and report["steps_completed"] == STEPS
+    shadows = report["shapes"][1:]
+    assert len(shadows) == 3 * 5  # 2 to 32 GPUs: async needs a GPU on each side
+    for shape in shadows:
+        flags = shape["flags"].split()
+        nodes, per_node = (int(flags[flags.index(f) + 1]) for f in ("--actor.num_nodes", "--actor.num_gpus_per_node"))
+        engines = int(flags[flags.index("--vllm.num_engines") + 1])
+        assert engines == nodes * per_node == shape["gpus"] and per_node <= 4, shape["flags"]
+        assert len(set(shape["optimizer_steps_per_rank"])) == 1
+    assert {s["gpus"] for s in shadows} == {1, 2, 4, 8, 16}  # training ranks: 2 nodes of 8 GPUs hold 8
+    again = matrix()
+    assert again.returncode == 0 and "[1/1] replay async: kept" in again.stdout
+    assert "| replay | async | 16 of 16 |" in (tmp_path / "summary.md").read_text()

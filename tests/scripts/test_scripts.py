@@ -1,12 +1,12 @@
-"""The launch scripts and the GPU image, proven up to where a GPU is needed.
+"""The launch scripts, proven up to where a GPU is needed (their lints and the image's:
+tests/scripts/test_lints.py).
 
-- every shell line is linted (shellcheck) and the image recipe too (hadolint);
 - every script's dry run builds its exact command and checks it against the installed parsers
   (upstream's for the baseline, ours for the replay conditions, the evaluation CLI's), the
   replay rules and the launch-time checks, at the default 1.7B settings and other GPU counts;
 - the real launch path (output directory, metadata, DONE marker, refusals) runs with a stand-in
   interpreter that records the command instead of training;
-- the validator itself, in process: what it accepts, what it refuses, that Ray never starts.
+- the validator itself: tests/scripts/test_validator.py.
 """
 import json
 import os
@@ -20,10 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "examples/scripts"
-BIN = Path(sys.executable).parent
 TRAINING = ["train_grpo", "train_grpo_replay", "train_grpo_naive_replay", "train_grpo_uniform_replay",
             "train_grpo_freshness_replay", "train_grpo_success_replay", "train_grpo_exgrpo_replay"]
-SHELL_FILES = sorted(SCRIPTS.glob("*.sh")) + [ROOT / "dockerfile/entrypoint.sh"]
 DATA = ROOT.parent / "shared/data/train/deepscaler_math_train.json"
 
 
@@ -44,42 +42,6 @@ def _run(script: str, env: dict, *args: str, timeout: int = 600) -> subprocess.C
                           capture_output=True, text=True, timeout=timeout)
 
 
-# -------------------------------------------------------------------- lints
-
-
-@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
-def test_shellcheck(path):
-    proc = subprocess.run([str(BIN / "shellcheck"), "--external-sources", str(path)], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_hadolint():
-    proc = subprocess.run([str(BIN / "hadolint"), "--no-color", "dockerfile/Dockerfile"], cwd=ROOT,
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_scripts_are_executable_and_strict():
-    for path in SCRIPTS.glob("*.sh"):
-        if path.name == "common.sh":
-            assert not os.access(path, os.X_OK), "common.sh is sourced, never run"
-            continue
-        assert os.access(path, os.X_OK), path
-        assert "set -euo pipefail" in path.read_text(), path
-
-
-def test_image_pins_match_the_requirements():
-    dockerfile = (ROOT / "dockerfile/Dockerfile").read_text()
-    torch = re.search(r"^torch==(\S+)", (ROOT / "requirements/constraints.txt").read_text(), re.M).group(1)
-    flash = re.search(r"^flash-attn==(\S+)", (ROOT / "requirements/gpu.txt").read_text(), re.M).group(1)
-    assert f"torch=={torch}" in dockerfile and f"flash-attn=={flash}" in dockerfile
-    assert "python3.11" in dockerfile and "USER 1000" in dockerfile
-    assert "requirements/gpu.txt" in dockerfile and "pip install --no-deps -e ." in dockerfile
-    ignored = (ROOT / ".dockerignore").read_text().split()
-    assert ".venv" in ignored and "runs" in ignored  # the build context stays small
-
-
 # -------------------------------------------------------------------- dry runs
 
 # (script, environment): the baseline and the method at the default 1.7B / 8 GPUs, each importing
@@ -89,7 +51,7 @@ def test_image_pins_match_the_requirements():
 # are checked with a stand-in python below (test_every_condition_shares_the_baseline_settings,
 # test_gpu_count_and_model_scale_shape_the_command).
 DRY_RUNS = [("train_grpo", {}), ("train_grpo_replay", {}), ("train_grpo_replay", {"M2PO": "1"}),
-            ("train_grpo_exgrpo_replay", {})] + [
+            ("train_grpo_exgrpo_replay", {}), ("train_grpo_success_replay", {})] + [
     ("eval", {}),
     ("eval", {"CONDITION": "grpo_replay"}),
     ("eval", {"CONDITION": "grpo_replay", "SWEEP": 1}),
@@ -141,6 +103,11 @@ def test_dry_run_validates_the_exact_command(dry_runs, case):
         assert re.search(r"^replay: mode exgrpo \(ExGRPO\), after step 20 one stored success of each of up to 512 "
                          r"questions .* buckets of K = 8 rollouts per prompt; .* off-policy rule exgrpo$",
                          proc.stdout, re.M), proc.stdout[-2000:]
+    if script == "train_grpo_success_replay":  # as on a fresh clone: the pool an earlier script makes is missing
+        pool = dry_runs["runs_dir"] / "Qwen3-1.7B-Base/success_pool_seed42.npz"
+        assert f"note: no success pool at {pool} yet (build_success_pool.sh makes it)" in proc.stdout
+        assert f"validate: note: {pool} does not exist yet: not checked" in proc.stdout
+        assert command.endswith(f"--replay.success_pool {pool}")
     if extra.get("M2PO"):  # M2PO's rule and AReaL's behaviour-weight cap win over the script's stale
         assert command.endswith("--replay.off_policy m2po --algo.advantage.is_correction_level token "
                                 "--algo.advantage.is_correction_mode mask --algo.advantage.is_correction_gating ratio "
@@ -157,6 +124,19 @@ def test_dry_run_refuses_a_gpu_count_the_batches_do_not_split_over(dry_runs):
     assert proc.returncode != 0
     assert "validate: INVALID" in proc.stderr
     assert "multiple of train.micro_batch_size x GPUs = 4 x 3 = 12" in proc.stderr
+
+
+def test_the_cpu_scripts_dry_run_without_running(tmp_path):
+    """The CPU scripts train when run: a dry run of a whole sweep only checks them (a run would
+    take minutes, the lab hours: the timeout catches one that starts)."""
+    lab = _run("sample_efficiency", _env(tmp_path, DRY_RUN=1), "--quick", "--out-dir", str(tmp_path / "lab"),
+               timeout=120)
+    assert lab.returncode == 0 and "sample_efficiency: dry run: settings OK" in lab.stdout, lab.stderr[-2000:]
+    bad = _run("sample_efficiency", _env(tmp_path, DRY_RUN=1), "--no-such-setting", timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-setting" in bad.stderr
+    quick = _run("quickstart_cpu", _env(tmp_path, DRY_RUN=1, RUN_DIR=tmp_path / "quick"), timeout=300)
+    assert quick.returncode == 0 and "quickstart: dry run: " in quick.stdout, quick.stdout[-2000:] + quick.stderr[-2000:]
+    assert not (tmp_path / "lab").exists() and not (tmp_path / "quick").exists()
 
 
 def test_bad_settings_fail_before_python(tmp_path):
@@ -300,6 +280,14 @@ def test_the_pool_script_decodes_the_grpo_checkpoint_after_one_epoch(stub):
     assert _run("build_success_pool", stub(POOL_STEP=40)).returncode != 0  # no checkpoint 40 here
 
 
+def test_a_dry_run_names_the_checkpoint_an_earlier_script_makes_and_goes_on(stub):
+    checkpoint = Path(stub()["RUNS_DIR"]) / "Qwen3-1.7B-Base/grpo_seed42/ckpt/global_step60_hf"
+    proc = _run("build_success_pool", stub(DRY_RUN=1))  # a fresh clone: no GRPO run yet
+    assert proc.returncode == 0, proc.stderr
+    assert f"note: no seed checkpoint at {checkpoint} yet (train_grpo.sh saves it)" in proc.stdout
+    assert "build_success_pool: command: " in proc.stdout and not Path(stub()["RUNS_DIR"]).exists()
+
+
 # (script, environment, shape): shape is nodes, GPUs per node, vLLM engines, and the train and
 # rollout micro-batches (by model scale, capped at each GPU's share of the 256-row train batch and
 # of the 1,024 rollouts).
@@ -433,94 +421,3 @@ def test_the_image_entry_point_runs_a_script_or_a_command(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "validate: OK" in proc.stdout, proc.stderr
     assert subprocess.run(["bash", str(entry), "echo", "hi"], capture_output=True, text=True).stdout == "hi\n"
-
-
-# -------------------------------------------------------------------- the validator, in process
-
-BASE = ["--actor.model_name_or_path", "Qwen/Qwen3-1.7B-Base", "--algo.advantage.estimator", "group_norm",
-        "--algo.kl.init_coef", "0", "--rollout.n_samples_per_prompt", "8", "--rollout.batch_size", "128",
-        "--rollout.micro_batch_size", "8", "--train.batch_size", "256", "--train.micro_batch_size", "4",
-        "--train.colocate_all", "--vllm.num_engines", "8", "--data.prompt_dataset", str(DATA),
-        "--data.input_key", "problem", "--data.label_key", "answer",
-        "--data.max_samples", "7424", "--actor.lr_scheduler", "constant_with_warmup",
-        "--reward.remote_url", str(ROOT / "evaluation/reward.py")]
-
-
-@pytest.fixture(scope="module")
-def validate():
-    if not DATA.is_file():
-        pytest.skip(f"{DATA} is not here")
-    from openrlhf_replay.cli import validate as module
-
-    return module
-
-
-@pytest.mark.parametrize("module", ["openrlhf.cli.train_ppo_ray", "openrlhf_replay.cli.train_ppo_ray"])
-def test_validator_accepts_a_valid_command_and_never_starts_ray(validate, module):
-    import ray
-
-    before = os.environ.get(validate.DEVICE_ENV)
-    replay = ["--replay.mode", "advantage"] if module == validate.REPLAY_CLI else []
-    report = validate.validate(["python", "-m", module, *BASE, *replay])
-    assert not ray.is_initialized()
-    assert os.environ.get(validate.DEVICE_ENV) == before  # the platform choice does not leak
-    assert report.settings["rollout"]["vllm_generate_batch_size"] == 128  # after upstream's own rewrite
-    assert any("rollout.vllm_generate_batch_size" in n for n in report.notes)
-    assert "1024 fresh rollouts per step" in report.summary
-
-
-@pytest.mark.parametrize("extra, module, fragment", [
-    (["--replay.moed", "advantage"], "openrlhf_replay.cli.train_ppo_ray", "unrecognized arguments: --replay.moed"),
-    (["--actor.dual_clip", "ten"], "openrlhf.cli.train_ppo_ray", "invalid float value: 'ten'"),
-    (["--replay.mode", "success", "--algo.kl.init_coef", "0.01"], "openrlhf_replay.cli.train_ppo_ray",
-     "drop the KL penalty"),
-    (["--replay.mode", "advantage", "--train.batch_size", "384"], "openrlhf_replay.cli.train_ppo_ray",
-     "not a whole number of --train.batch_size 384 batches"),
-    (["--rollout.n_samples_per_prompt", "1"], "openrlhf.cli.train_ppo_ray", "upstream check: group_norm requires"),
-    (["--vllm.num_engines", "4"], "openrlhf.cli.train_ppo_ray", "must equal vllm.num_engines x tensor_parallel_size"),
-    (["--train.micro_batch_size", "3"], "openrlhf.cli.train_ppo_ray", "multiple of train.micro_batch_size x GPUs"),
-    (["--actor.lr_scheduler", "cosine_min_lr"], "openrlhf.cli.train_ppo_ray", "not a transformers scheduler"),
-    (["--data.prompt_dataset", "/nonexistent/train.jsonl"], "openrlhf.cli.train_ppo_ray", "no such file"),
-    (["--reward.remote_url", "/nonexistent/reward.py"], "openrlhf.cli.train_ppo_ray", "no such reward file"),
-    # 7,474 prompts = 58 x 128 + 50: every episode would end with a step of 400 rollouts, which upstream
-    # chunks unevenly over 8 ranks (7 micro-batches to seven of them, 1 to the last), for every condition.
-    (["--data.max_samples", "100000000"], "openrlhf.cli.train_ppo_ray", "pass --data.max_samples 7424"),
-    (["--data.max_samples", "100000000", "--replay.mode", "advantage"], "openrlhf_replay.cli.train_ppo_ray",
-     "each episode would end with a step of 50 prompts"),
-])
-def test_validator_refuses_what_would_fail_later(validate, extra, module, fragment):
-    with pytest.raises(validate.Invalid) as caught:
-        validate.validate(["python", "-m", module, *BASE, *extra])
-    assert any(fragment in e for e in caught.value.errors), caught.value.errors
-
-
-@pytest.mark.parametrize("argv, fragment", [
-    (["run", "--model", "m", "--output-dir", "o", "--temperature", "-1"], "--temperature must be >= 0"),
-    (["run", "--model", "m", "--output-dir", "o", "--benchmarks", "math501"], "unknown benchmark(s) math501"),
-    (["run", "--model", "m", "--output-dir", "o", "--prompt-template", "/no/such.txt"], "not an existing file"),
-    (["run", "--model", "m"], "the following arguments are required: --output-dir"),
-    (["sweep", "--model", "m", "--checkpoints", "c", "--output-dir", "o"], "unrecognized arguments: --model"),
-])
-def test_validator_checks_evaluation_commands(argv, fragment):
-    from openrlhf_replay.cli import validate
-
-    with pytest.raises(validate.Invalid) as caught:
-        validate.validate(["python", "-m", "evaluation", *argv])
-    assert any(fragment in e for e in caught.value.errors), caught.value.errors
-    ok = validate.validate(["python", "-m", "evaluation", "compare", "--baseline", "a", "--runs", "b", "c"])
-    assert "compare 2 run(s) against a" in ok.summary and len(ok.notes) == 3
-
-
-def test_validator_cli_exit_status_and_messages(tmp_path):
-    def cli(*argv):
-        return subprocess.run([sys.executable, "-m", "openrlhf_replay.cli.validate", *argv], cwd=ROOT,
-                              capture_output=True, text=True)
-
-    out = tmp_path / "resolved.json"
-    ok = cli("--resolved-json", str(out), "--", "python", "-m", "evaluation", "run", "--model", "m", "--output-dir", "o")
-    assert ok.returncode == 0 and "validate: OK" in ok.stdout
-    assert json.loads(out.read_text())["n_samples"] == 1
-    bad = cli("--", "python", "script.py")
-    assert bad.returncode == 1 and "not a `python -m <module> ...` command" in bad.stderr
-    unknown = cli("--", "python", "-m", "json.tool")
-    assert unknown.returncode == 1 and "unknown module json.tool" in unknown.stderr
