@@ -62,7 +62,7 @@ class Record:
 
 
 def _controller_class(module: str, args):
-    return controller_class(module == REPLAY_CLI and ReplayConfig.from_namespace(args).enabled, args.train.async_enable)
+    return controller_class(module == REPLAY_CLI and ReplayConfig.from_namespace(args).active, args.train.async_enable)
 
 
 def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings, rng, record: Record,
