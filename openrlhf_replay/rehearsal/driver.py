@@ -127,6 +127,7 @@ def _step_figures(status: dict, ranks: list[Rank]) -> dict:
         "generated": int(status.get("replay/generated_rollouts", status.get("rollout/num_samples", 0))),
         "filtered": int(status.get("replay/filtered_rollouts", 0)),
         "refilled": int(status.get("replay/refilled_rows", 0)), "inert": int(status.get("replay/inert_rows", 0)),
+        "skipped": int(status.get("replay/skip_skipped_prompts", 0)),  # --replay.skip: prompts not generated
         "age_mean": status.get("replay/age_mean"), "age_max": status.get("replay/age_max"),
         # What the step's draw could choose from (RLEP: stored successes of the step's prompts).
         "candidates": int(status.get("replay/candidates", 0)),
@@ -365,8 +366,10 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
     warmup_rollout = next((i + 1 for i, p in enumerate(positions) if p >= warmup_opt), None)
     ages = [s["age_max"] for s in after_warmup if s["replayed"]]
     return {
-        # Dynamic filtering spends replacement prompts: a step's count per episode is what the filter keeps.
-        "steps_expected": None if args.algo.dynamic_filtering_enable else steps_per_episode * args.train.num_episodes,
+        # Dynamic filtering spends replacement prompts, pre-rollout skipping skips some: a step's count
+        # per episode is what they keep.
+        "steps_expected": None if args.algo.dynamic_filtering_enable or ReplayConfig.from_namespace(args).skip
+        else steps_per_episode * args.train.num_episodes,
         "steps_completed": len(steps),
         "episodes_expected": args.train.num_episodes,
         "episodes_completed": record.episodes_done,
@@ -380,6 +383,7 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
         "rollouts_generated": sum(s["generated"] for s in steps),
         "rollouts_filtered": sum(s["filtered"] for s in steps),
         "rows_refilled": sum(s["refilled"] for s in steps),
+        "prompts_skipped": sum(s["skipped"] for s in steps),
         "replayed_per_step": replay_distribution(steps, after_warmup),
         "optimizer_steps_per_step": spread(per_step_opt) | {
             "mean": statistics.fmean(per_step_opt) if per_step_opt else None},
