@@ -127,7 +127,9 @@ def _step_figures(status: dict, ranks: list[Rank]) -> dict:
         "generated": int(status.get("replay/generated_rollouts", status.get("rollout/num_samples", 0))),
         "filtered": int(status.get("replay/filtered_rollouts", 0)),
         "refilled": int(status.get("replay/refilled_rows", 0)), "inert": int(status.get("replay/inert_rows", 0)),
-        "skipped": int(status.get("replay/skip_skipped_prompts", 0)),  # --replay.skip: prompts not generated
+        # --replay.skip: prompts not generated, skipped by its rule or deferred at a pass's short tail
+        "skipped": int(status.get("replay/skip_skipped_prompts", 0)),
+        "deferred": int(status.get("replay/skip_deferred_prompts", 0)),
         "age_mean": status.get("replay/age_mean"), "age_max": status.get("replay/age_max"),
         # What the step's draw could choose from (RLEP: stored successes of the step's prompts).
         "candidates": int(status.get("replay/candidates", 0)),
@@ -383,7 +385,7 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, ste
         "rollouts_generated": sum(s["generated"] for s in steps),
         "rollouts_filtered": sum(s["filtered"] for s in steps),
         "rows_refilled": sum(s["refilled"] for s in steps),
-        "prompts_skipped": sum(s["skipped"] for s in steps),
+        "prompts_skipped": sum(s["skipped"] for s in steps), "prompts_deferred": sum(s["deferred"] for s in steps),
         "replayed_per_step": replay_distribution(steps, after_warmup),
         "optimizer_steps_per_step": spread(per_step_opt) | {
             "mean": statistics.fmean(per_step_opt) if per_step_opt else None},

@@ -152,7 +152,8 @@ class _ReplayPPOTrainer(ReplayControllerMixin, undecorated(PPOTrainer)):
         if self.args.algo.dynamic_filtering_enable:  # counts what it filters; refill: no replacement
             self.samples_generator.__class__ = ReplaySamplesGenerator
         if self.replay_config.skip:
-            install_skip(self.samples_generator, SkipRule.from_config(self.replay_config, len(self.prompts_dataloader)))
+            install_skip(self.samples_generator, SkipRule.from_config(self.replay_config, len(self.prompts_dataloader),
+                                                                      self.args.rollout.batch_size))
 
 
 def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:

@@ -68,7 +68,8 @@ class _ReplayGenerateSamplesActor(undecorated(upstream.GenerateSamplesActor)):
         self.stamp_versions()
         config = ReplayConfig.from_namespace(self.args)
         if config.skip:  # the rule lives here, with the loader it skips from
-            install_skip(self.samples_generator, SkipRule.from_config(config, len(self.prompts_dataloader)))
+            install_skip(self.samples_generator, SkipRule.from_config(config, len(self.prompts_dataloader),
+                                                                      self.args.rollout.batch_size))
 
     def load_skip_state(self, state: dict) -> None:
         """The skip state of the checkpoint resumed from (called by the training actor before `fit`)."""

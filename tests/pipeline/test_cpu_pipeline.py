@@ -312,14 +312,15 @@ def test_dynamic_filtering_with_refill_trains_replayed_rows_in_the_dropped_group
 
 def test_pre_rollout_skipping_skips_constant_prompts_keeps_batches_full_and_saves_its_state(runs):
     """From the second pass over the loader on, prompts whose groups were constant are skipped
-    before generation and the loader's next prompts fill the step (4 prompts generated, but where a
-    pass ends); the prompts drawn add up to the passes logged; the state saved with each step's
-    checkpoint is the generator's as of that step."""
+    before generation and the loader's next prompts fill the step (4 prompts generated on every
+    step: a pass's tail too short for a batch is deferred); the prompts drawn add up to the passes
+    logged; the state saved with each step's checkpoint is the generator's as of that step."""
     from replay import load_state
     from replay.skip import HARD
 
     run = runs["filter"]
     skipped, drawn = _by_step(run, "replay/skip_skipped_prompts"), _by_step(run, "replay/skip_drawn_prompts")
+    deferred = _by_step(run, "replay/skip_deferred_prompts")
     generated, passes = _by_step(run, "replay/generated_rollouts"), _by_step(run, "replay/skip_loader_passes")
     steps = sorted(generated)
     assert sorted(skipped) == steps and len(steps) > 3
@@ -328,9 +329,8 @@ def test_pre_rollout_skipping_skips_constant_prompts_keeps_batches_full_and_save
     for t in steps:
         # A skipped prompt generates nothing (a call whose groups were all dropped is counted, skips
         # and rollouts alike, with the next step).
-        assert generated[t] == 4 * (drawn[t] - skipped[t]), t
-        if passes[t] != int(passes[t]):  # a step that did not end a pass: its call sent a full batch
-            assert fresh[t] + filtered[t] == 16, (t, fresh[t], filtered[t], passes[t])
+        assert generated[t] == 4 * (drawn[t] - skipped[t] - deferred[t]), t
+        assert fresh[t] + filtered[t] == 16, (t, fresh[t], filtered[t], passes[t])  # its call sent a full batch
     # TensorBoard keeps float32: the passes logged are 12ths
     assert sum(drawn.values()) == pytest.approx(passes[steps[-1]] * 12) and passes[steps[-1]] >= 2.5
     share = _by_step(run, "replay/skip_zero_variance_share")

@@ -10,9 +10,9 @@ from replay.skip import EASY, HARD, KEEP_FLOOR, MIXED, SkipRule, group_kind
 ALL_RIGHT, ALL_WRONG, MIXED_GROUP = [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 1]
 
 
-def _rule(n_prompts=10, seed=0, **knobs):
+def _rule(n_prompts=10, seed=0, batch_size=1, **knobs):
     config = ReplayConfig(skip=True, seed=seed, **knobs)
-    return SkipRule.from_config(config, n_prompts)
+    return SkipRule.from_config(config, n_prompts, batch_size)
 
 
 def test_a_group_is_easy_hard_or_mixed_by_its_rewards():
@@ -129,3 +129,25 @@ def test_the_state_survives_a_checkpoint_file_and_the_draws_continue_as_without_
 def test_bad_knobs_are_refused_with_the_bound(knobs, message):
     with pytest.raises(ValueError, match=message):
         ReplayConfig(**knobs)
+
+
+def test_skips_leave_whole_batches_and_a_short_tail_of_a_pass_is_deferred():
+    """Batches of 4 from passes of 10 prompts, every prompt a long run of wrong groups (keep 0.01):
+    a skip is refused where the batch could no longer fill from the rest of the pass, and a tail
+    shorter than a batch is not generated, so every pass keeps a multiple of 4 prompts."""
+    rule = _rule(n_prompts=10, batch_size=4)
+    for uid in range(10):
+        for _ in range(8):
+            rule.observe(uid, ALL_WRONG)
+    for _ in range(30):  # 30 passes
+        kept = [uid for uid in range(10) if not rule.skip(uid)]
+        assert len(kept) % 4 == 0, kept
+    figures = rule.end_call()
+    assert figures["replay/skip_drawn_prompts"] == 300
+    kept_total = 300 - figures["replay/skip_skipped_prompts"] - figures["replay/skip_deferred_prompts"]
+    assert kept_total % 4 == 0 and figures["replay/skip_skipped_prompts"] > 150
+    first = _rule(n_prompts=10, batch_size=4)  # no history: only the tail of 2 is deferred, each pass
+    assert [first.skip(u) for u in range(10)] == [False] * 8 + [True] * 2
+    assert first.end_call()["replay/skip_deferred_prompts"] == 2
+    with pytest.raises(ValueError, match="fewer than a batch"):
+        _rule(n_prompts=3, batch_size=4)

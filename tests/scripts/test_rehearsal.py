@@ -303,19 +303,22 @@ def skip_runs(tmp_path_factory):
 @pytest.mark.parametrize("script", SKIP_RUNS)
 def test_skipping_rehearses_alone_at_every_shape_and_with_replay_and_refill(skip_runs, script):
     """From the second pass on, prompts whose groups were constant are skipped; a pass then holds
-    fewer steps. Every prompt of every pass is either generated or skipped (the rehearsal's resume
-    from a checkpoint included, which restores the skip state), and every rank of every shape
-    takes the same optimizer steps."""
+    fewer steps, each of a whole batch (a pass's tail too short for one is deferred). Every prompt
+    of every pass is generated, skipped or deferred (the rehearsal's resume from a checkpoint
+    included, which restores the skip state), and every rank of every shape takes the same
+    optimizer steps, none cut short."""
     report, log = skip_runs[script]
     assert report["crash"] is None and report["episodes_completed"] == EPISODES, log[-3000:]
     assert "--replay.skip" in report["command"] and "_skip_seed" in report["command"]  # its own output folder
     assert report["steps_per_episode"][0] == STEPS_PER_EPISODE  # the first pass: no history, no skip
     assert report["prompts_skipped"] > 0 and report["steps_completed"] <= STEPS
-    assert report["rollouts_generated"] // 8 + report["prompts_skipped"] == STEPS_PER_EPISODE * BATCH * EPISODES
+    drawn = report["rollouts_generated"] // 8 + report["prompts_skipped"] + report["prompts_deferred"]
+    assert drawn == STEPS_PER_EPISODE * BATCH * EPISODES
+    assert report["fresh_per_step"]["min"] == BATCH * 8 or script == "train_grpo_replay"  # refill: fresh = kept
     assert report["resumed_at"] == (5 if script == "train_grpo" else 10)
     if script == "train_grpo_replay":
         assert report["rollouts_filtered"] > 0 and report["rows_refilled"] > 0
     for shape in report["shapes"]:
         assert shape["crash"] is None and shape["steps_completed"] == report["steps_completed"], shape
-        assert len(set(shape["optimizer_steps_per_rank"])) == 1, shape
+        assert len(set(shape["optimizer_steps_per_rank"])) == 1 and set(shape["rows_dropped_per_rank"]) == {0}, shape
     assert len(report["shapes"]) == (19 if SKIP_RUNS[script][0] == "all" else 1)
