@@ -313,7 +313,8 @@ def test_skipping_rehearses_alone_at_every_shape_and_with_replay_and_refill(skip
     assert report["steps_per_episode"][0] == STEPS_PER_EPISODE  # the first pass: no history, no skip
     assert report["prompts_skipped"] > 0 and report["steps_completed"] <= STEPS
     drawn = report["rollouts_generated"] // 8 + report["prompts_skipped"] + report["prompts_deferred"]
-    assert drawn == STEPS_PER_EPISODE * BATCH * EPISODES
+    # but the last pass's deferred tail: the call that drew it generated nothing, and no step followed
+    assert 0 <= STEPS_PER_EPISODE * BATCH * EPISODES - drawn < BATCH, drawn
     assert report["fresh_per_step"]["min"] == BATCH * 8 or script == "train_grpo_replay"  # refill: fresh = kept
     assert report["resumed_at"] == (5 if script == "train_grpo" else 10)
     if script == "train_grpo_replay":
