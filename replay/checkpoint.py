@@ -118,3 +118,13 @@ def _join(node: Any, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(node, list):
         return [_join(v, arrays) for v in node]
     return node
+
+
+def prune_states(folder: str | os.PathLike, prefix: str, keep: int) -> None:
+    """Keep the `keep` latest `<prefix><step>.npz` files of `folder` (by step), remove the rest: a
+    state file per checkpoint, as many as upstream keeps (`--ckpt.max_num`)."""
+    files = [f for f in os.listdir(folder) if f.startswith(prefix) and f.endswith(".npz")
+             and f[len(prefix):-len(".npz")].isdigit()]
+    files.sort(key=lambda f: int(f[len(prefix):-len(".npz")]))
+    for old in files[: max(len(files) - max(keep, 1), 0)]:
+        os.remove(os.path.join(folder, old))

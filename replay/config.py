@@ -103,8 +103,26 @@ class ReplayConfig:
     generation. What the buffer cannot supply (the warm-up, a small buffer) is taken by inert rows
     (no loss), so every step trains as many rows as it generated. Not with mode success (RLEP's
     replayed rows join a fresh group of their own prompt, and a filtered group has none)."""
+    skip: bool = False
+    """Pre-rollout skipping (GRESO's rule, docs/METHOD.md "Pre-rollout skipping"): before
+    generation, a prompt whose latest groups were zero-variance (all rewards equal) is skipped with
+    a probability that grows with their number, and the loader supplies another prompt in its
+    place, so a step still generates --rollout.batch_size groups. With --replay.mode none it is the
+    GRESO baseline; with a replay mode, replay composes the steps as usual."""
+    skip_target: float = 0.25
+    """Share of zero-variance groups among those generated that skipping aims at (GRESO's
+    target_zero_variance): a third of it for all-correct groups, two thirds for all-wrong ones."""
+    skip_explore: float = 0.5
+    """Starting exploration probability p (GRESO's p_easy and p_hard): a prompt whose last r groups
+    were zero-variance of one kind is generated with probability max(p ** r, 0.01)."""
+    skip_explore_step: float = 0.01
+    """How far p moves after each generation call, toward the target share (GRESO: 0.01)."""
+    skip_explore_min: float = 0.05
+    """Least p (GRESO's min_p)."""
+    skip_explore_max: float = 0.95
+    """Largest p (GRESO's max_p)."""
     seed: int = 0
-    """Seed of the buffer's own random generator (sampling)."""
+    """Seed of the buffer's own random generator (sampling) and of pre-rollout skipping's."""
     allow_empty_resume: bool = False
     """On resume, start with an empty buffer when the replay checkpoint is missing, instead of
     failing."""
@@ -141,7 +159,15 @@ class ReplayConfig:
         _number("min_abs_advantage", self.min_abs_advantage, low=0.0)
         _number("m2_threshold", self.m2_threshold, low=0.0, strict=True)
         _integer("seed", self.seed, low=0)
-        for name in ("replacement", "allow_empty_resume", "refill"):
+        _number("skip_target", self.skip_target, low=0.0, high=1.0)
+        for name in ("skip_explore", "skip_explore_min", "skip_explore_max"):
+            _number(name, getattr(self, name), low=0.0, high=1.0, strict=True)
+        _number("skip_explore_step", self.skip_explore_step, low=0.0)
+        if not self.skip_explore_min <= self.skip_explore <= self.skip_explore_max:
+            raise ValueError(f"replay.skip_explore {self.skip_explore} must lie within [replay.skip_explore_min "
+                             f"{self.skip_explore_min}, replay.skip_explore_max {self.skip_explore_max}]: raise "
+                             "or lower the bound, or move replay.skip_explore inside it")
+        for name in ("replacement", "allow_empty_resume", "refill", "skip"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"replay.{name} must be True or False, got {getattr(self, name)!r}")
         if entry is not None:
@@ -162,6 +188,11 @@ class ReplayConfig:
     @property
     def enabled(self) -> bool:
         return self.entry is not None
+
+    @property
+    def active(self) -> bool:
+        """Whether the integration's controller runs: replay, or pre-rollout skipping alone."""
+        return self.enabled or self.skip
 
     @property
     def defaults(self) -> ReplayMode | None:

@@ -72,6 +72,10 @@ REPLAY_CAPACITY=${REPLAY_CAPACITY:-30000}
 # weights above 5 dropped); M2_THRESHOLD, when set, is its --replay.m2_threshold (default 0.04).
 M2PO=${M2PO:-0}
 M2_THRESHOLD=${M2_THRESHOLD:-}
+# SKIP=1 (or --replay.skip among a script's arguments): pre-rollout skipping, GRESO's rule
+# (docs/METHOD.md, "Pre-rollout skipping"). With train_grpo.sh it is the GRESO baseline (this
+# project's launcher with --replay.mode none); with a replay script, skipping and replay together.
+SKIP=${SKIP:-0}
 # What every replay condition shares; each condition script adds its mode and that mode's knobs.
 # shellcheck disable=SC2034  # used by the scripts that source this file
 REPLAY_ARGS=(
@@ -315,15 +319,21 @@ m2po_args() {  # <module> <the script's arguments...>
 launch_training() {
   local module=$1
   shift
-  local condition=${SCRIPT_NAME#train_} m2po word
+  local condition=${SCRIPT_NAME#train_} m2po word skip=''
   m2po=$(m2po_args "$module" "$@") || exit 1
   [[ -z $m2po ]] || condition+=_m2po  # its own output folder: another condition
+  [[ $SKIP == 1 ]] && skip=--replay.skip
+  for word in "$@"; do [[ $word == --replay.skip ]] && skip=--replay.skip; done
+  if [[ -n $skip ]]; then  # its own output folder too; upstream's launcher has no skipping: ours, replay off
+    condition+=_skip
+    module=openrlhf_replay.cli.train_ppo_ray
+  fi
   ASYNC=0
   for word in "$@"; do [[ $word == --train.async_enable ]] && ASYNC=1; done
   OUTPUT_DIR=$(realpath -m "${OUTPUT_DIR:-$RUNS_DIR/$(model_tag "$MODEL")/${condition}_seed$SEED}")
   training_settings
   # shellcheck disable=SC2206  # m2po_args prints flags and numbers, no spaces within a word
-  local cmd=("$PYTHON" -m "$module" "${TRAIN_ARGS[@]}" "$@" ${m2po})
+  local cmd=("$PYTHON" -m "$module" "${TRAIN_ARGS[@]}" "$@" ${m2po} ${skip})
   local settings
   settings=$(describe_settings MODEL NUM_NODES NUM_GPUS GPUS_TOTAL DATA INPUT_KEY LABEL_KEY SEED OUTPUT_DIR \
     MAX_PROMPTS ROLLOUT_PROMPTS GROUP_SIZE FRESH_ROLLOUTS TRAIN_BATCH MICRO_TRAIN_BATCH MICRO_ROLLOUT_BATCH EPISODES \

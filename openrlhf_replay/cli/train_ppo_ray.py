@@ -97,8 +97,8 @@ def replay_arg_errors(args) -> list[str]:
     """What in the (nested) upstream arguments keeps replay from running, each with its fix."""
     config = ReplayConfig.from_namespace(args)
     if not config.enabled:
-        return []
-    errors = _training_errors(args, config) + _batch_errors(args)
+        return skip_errors(args, config)
+    errors = skip_errors(args, config) + _training_errors(args, config) + _batch_errors(args)
     errors += partial_batch_errors(args)
     errors += prompt_file_problems(args)[0]
     errors += success_pool_errors(config)
@@ -144,6 +144,22 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
                       "leave it unset (the in-run pool) or pass --algo.kl.init_coef 0")
     errors += off_policy_errors(args, config)
     return errors
+
+
+def skip_errors(args, config: ReplayConfig) -> list[str]:
+    """Pre-rollout skipping reads each group's rewards in the samples generator: they must come
+    from a reward function there, not from a reward model scored later."""
+    if config.skip and not args.reward.remote_url:
+        return ["--replay.skip keeps each prompt's history from the rewards the generator receives, and this run "
+                "scores with a reward model after generation: pass a reward function (--reward.remote_url "
+                "<file>.py) or drop --replay.skip"]
+    return []
+
+
+def describe_skip(config: ReplayConfig) -> str:
+    return (f"replay.skip: a prompt whose last r groups were zero-variance of one kind is generated with "
+            f"probability max(p ** r, 0.01), p from {config.skip_explore} within [{config.skip_explore_min}, "
+            f"{config.skip_explore_max}], steered toward {config.skip_target:g} zero-variance groups")
 
 
 def _critic_rank_errors(args) -> list[str]:
@@ -328,7 +344,7 @@ def _start(argv: list[str]) -> tuple[list[str], bool, bool]:
         print(cpu_launcher.describe(), flush=True)
     early, _ = ReplayConfig.add_cli_args(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
     try:
-        replay_on = ReplayConfig.from_namespace(early).enabled
+        replay_on = ReplayConfig.from_namespace(early).active  # replay, or skipping alone: the replay controller
     except ValueError as e:
         sys.exit(f"train_ppo_ray: {e}")
     return argv, cpu_on, replay_on
@@ -348,7 +364,10 @@ def _checked(hierarchize, cpu_on: bool, replay_on: bool):
                   for what, found in (("replay", errors), ("on the CPU platform", cpu_errors)) if found]
         if report:
             sys.exit("\n".join(report))
-        if replay_on:
+        config = ReplayConfig.from_namespace(nested) if replay_on else None
+        if config is not None and config.skip:
+            print(describe_skip(config), flush=True)
+        if config is not None and config.enabled:
             print(describe_replay(nested), flush=True)
             for note in prompt_file_problems(nested)[1]:
                 print(f"train_ppo_ray: note: {note}", flush=True)

@@ -66,7 +66,7 @@ class Record:
 def _controller_class(module: str, args):
     if module != REPLAY_CLI:
         return controller_class("upstream", args.train.async_enable)
-    launcher = "replay" if ReplayConfig.from_namespace(args).enabled else "resume"  # replay off: resume.py's
+    launcher = "replay" if ReplayConfig.from_namespace(args).active else "resume"  # replay off: resume.py's
     return controller_class(launcher, args.train.async_enable)
 
 
@@ -134,6 +134,9 @@ def _step_figures(status: dict, ranks: list[Rank]) -> dict:
         "generated": int(status.get("replay/generated_rollouts", status.get("rollout/num_samples", 0))),
         "filtered": int(status.get("replay/filtered_rollouts", 0)),
         "refilled": int(status.get("replay/refilled_rows", 0)), "inert": int(status.get("replay/inert_rows", 0)),
+        # --replay.skip: prompts not generated, skipped by its rule or deferred at a pass's short tail
+        "skipped": int(status.get("replay/skip_skipped_prompts", 0)),
+        "deferred": int(status.get("replay/skip_deferred_prompts", 0)),
         "age_mean": status.get("replay/age_mean"), "age_max": status.get("replay/age_max"),
         # What the step's draw could choose from (RLEP: stored successes of the step's prompts).
         "candidates": int(status.get("replay/candidates", 0)),
@@ -372,14 +375,15 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, pro
     warmup_rollout = next((i + 1 for i, p in enumerate(positions) if p >= warmup_opt), None)
     ages = [s["age_max"] for s in after_warmup if s["replayed"]]
     return {
-        # Dynamic filtering spends replacement prompts: a step's count per episode is what the filter keeps.
-        "steps_expected": None if args.algo.dynamic_filtering_enable
+        # Dynamic filtering spends replacement prompts, pre-rollout skipping skips some: a step's count
+        # per episode is what they keep.
+        "steps_expected": None if args.algo.dynamic_filtering_enable or ReplayConfig.from_namespace(args).skip
         else math.ceil(prompts_per_episode / args.rollout.batch_size) * args.train.num_episodes,
         "steps_completed": len(steps),
         "episodes_expected": args.train.num_episodes,
         "episodes_completed": record.episodes_done,
         # Each episode generates every prompt once (a resume that walked an episode again, more).
-        "prompts_planned": prompts_per_episode * args.train.num_episodes,
+        "prompts_planned": prompts_per_episode * args.train.num_episodes, "batch_prompts": args.rollout.batch_size,
         "prompts_generated": record.prompts_generated,
         "steps_per_episode": [sum(1 for s in steps if s["episode"] == e) for e in range(record.episode + 1)],
         "crash": record.crash,
@@ -392,6 +396,7 @@ def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, pro
         "rollouts_generated_by_engines": sum(g.generated for g in record.generations),  # the stand-in vLLM's own count
         "rollouts_filtered": sum(s["filtered"] for s in steps),
         "rows_refilled": sum(s["refilled"] for s in steps),
+        "prompts_skipped": sum(s["skipped"] for s in steps), "prompts_deferred": sum(s["deferred"] for s in steps),
         "replayed_per_step": replay_distribution(steps, after_warmup),
         "optimizer_steps_per_step": spread(per_step_opt) | {
             "mean": statistics.fmean(per_step_opt) if per_step_opt else None},

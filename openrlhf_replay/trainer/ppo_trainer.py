@@ -23,13 +23,16 @@ from openrlhf.utils.logging_utils import TensorboardLogger, init_logger
 from openrlhf_replay.logging_utils import HistogramTensorboardLogger
 from openrlhf_replay.trainer.ppo_utils.experience import REPLAYED_KEY, split_by_row_kind, stored_token_columns
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
+from openrlhf_replay.trainer.ppo_utils.prompt_skip import (SKIP_CKPT_KEY, install_skip, load_skip_state, pop_skip_info,
+                                                            save_skip_state)
 from openrlhf_replay.trainer.ppo_utils.samples_generator import (GenerationCounts, ReplaySamplesGenerator,
                                                                   take_generation_counts)
 from openrlhf_replay.trainer.ppo_utils.success_pool import check_success_pool, max_prompt_len
 from openrlhf_replay.trainer.resume import EpisodeResume
 from openrlhf_replay.utils import undecorated
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig
-from replay.checkpoint import state_digest
+from replay.checkpoint import prune_states, state_digest
+from replay.skip import SkipRule
 
 logger = init_logger(__name__)  # upstream's handler: a bare logger prints nothing inside a Ray actor
 
@@ -52,6 +55,7 @@ class ReplayControllerMixin(EpisodeResume):
     (below) and the async `TrainingActor` (`ppo_trainer_async.py`), before the upstream class."""
 
     experience_maker_class = ReplayExperienceMaker
+    skip_state = None  # --replay.skip: the rule's state as of the latest batch trained (what a checkpoint saves)
 
     def _setup_replay(self, n_prompts: int, prompts) -> None:
         """Build the buffer and the experience maker that feeds it (after upstream's `__init__`).
@@ -80,7 +84,10 @@ class ReplayControllerMixin(EpisodeResume):
         # rows, and this step paces the LR for the rollouts of earlier calls that kept no group.
         self.experience_maker.refill_rows = calls[-1].filtered if refill else 0
         self.experience_maker.skipped_rows = skipped_rollouts(calls) if refill else 0
+        skip_metrics, skip_state = pop_skip_info(rollout_samples)  # before upstream reads the samples' info
+        self.skip_state = skip_state if skip_state is not None else self.skip_state
         status, next_step = super().train_step(rollout_samples, global_step)
+        status.update(skip_metrics)
         faults = self.experience_maker.reward_faults
         if faults is not None:
             status.update(faults.metrics())
@@ -127,6 +134,9 @@ class ReplayControllerMixin(EpisodeResume):
             # Written before the model checkpoint that names it: a crash in between leaves the
             # previous checkpoint (and the replay file it names) as the one to resume from.
             client_states[REPLAY_STATE_KEY] = save_replay_state(self.replay, self.args, global_step)
+        if self.replay_config.skip and self.skip_state is not None and global_step % self.args.ckpt.save_steps == 0:
+            client_states[SKIP_CKPT_KEY] = save_skip_state(self.skip_state, replay_state_dir(self.args), global_step,
+                                                           self.args.ckpt.max_num)
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
 
     def init_checkpoint_states(self):
@@ -134,7 +144,16 @@ class ReplayControllerMixin(EpisodeResume):
         if self.replay_config.enabled and states.get("global_step", 0) > 0:
             self.replay = restore_replay_state(states, self.args, self.replay_config)
             self.experience_maker.replay = self.replay
+        if self.replay_config.skip and states.get("global_step", 0) > 0:
+            state = load_skip_state(states, replay_state_dir(self.args), self.replay_config.allow_empty_resume)
+            if state is not None:
+                self.restore_skip(state)
         return states
+
+    def restore_skip(self, state: dict) -> None:
+        """Hand the saved skip state to the rule (here the controller's own samples generator)."""
+        self.samples_generator.skip_rule.load_state_dict(state)
+        self.skip_state = state
 
 
 def skipped_rollouts(calls: list[GenerationCounts]) -> int:
@@ -165,6 +184,9 @@ class _ReplayPPOTrainer(ReplayControllerMixin, undecorated(PPOTrainer)):
         self._setup_replay(len(self.prompts_dataloader), self.prompts_dataloader.dataset.prompts)
         # Counts what it generates, for train_step to log; with refill, replaces no dropped group.
         self.samples_generator.__class__ = ReplaySamplesGenerator
+        if self.replay_config.skip:
+            install_skip(self.samples_generator, SkipRule.from_config(self.replay_config, len(self.prompts_dataloader),
+                                                                      self.args.rollout.batch_size))
 
 
 def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:
@@ -174,11 +196,7 @@ def save_replay_state(replay: ReplayBuffer, args, global_step: int) -> str:
     name = f"global_step{global_step}.npz"
     replay.save(os.path.join(folder, name))
     logger.info(f"replay: saved {len(replay)} rollouts to {name} (state {state_digest(replay.state_dict())})")
-    files = sorted((f for f in os.listdir(folder) if f.startswith("global_step") and f.endswith(".npz")),
-                   key=lambda f: int(f[len("global_step"):-len(".npz")]))
-    for old in files[: max(len(files) - args.ckpt.max_num, 0)]:
-        if old != name:
-            os.remove(os.path.join(folder, old))
+    prune_states(folder, "global_step", args.ckpt.max_num)
     return name
 
 

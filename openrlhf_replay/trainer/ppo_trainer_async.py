@@ -34,7 +34,10 @@ from openrlhf_replay.trainer.ppo_utils.experience import AGE_KEY, set_row_flags
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ppo_utils.samples_generator import ReplaySamplesGenerator
 from openrlhf_replay.trainer.resume import _ResumePPOTrainerAsync
+from openrlhf_replay.trainer.ppo_utils.prompt_skip import install_skip
 from openrlhf_replay.utils import undecorated
+from replay import ReplayConfig
+from replay.skip import SkipRule
 
 VERSION_KEY = "replay/policy_version"  # sample info key: the version of the weights that generated it
 
@@ -71,6 +74,14 @@ class _ReplayGenerateSamplesActor(undecorated(upstream.GenerateSamplesActor)):
         stamping their versions."""
         self.samples_generator.__class__ = ReplaySamplesGenerator
         self.stamp_versions()
+        config = ReplayConfig.from_namespace(self.args)
+        if config.skip:  # the rule lives here, with the loader it skips from
+            install_skip(self.samples_generator, SkipRule.from_config(config, len(self.prompts_dataloader),
+                                                                      self.args.rollout.batch_size))
+
+    def load_skip_state(self, state: dict) -> None:
+        """The skip state of the checkpoint resumed from (called by the training actor before `fit`)."""
+        self.samples_generator.skip_rule.load_state_dict(state)
 
     def stamp_versions(self) -> None:
         """Wrap the samples generator's vLLM call (as it is now) so its samples carry the version."""
@@ -136,8 +147,15 @@ class _ReplayTrainingActor(ReplayControllerMixin, undecorated(upstream.TrainingA
     def broadcast_to_vllm(self) -> None:
         super().broadcast_to_vllm()
 
-    def setup_replay(self, n_prompts: int, prompts) -> None:
+    def setup_replay(self, n_prompts: int, prompts, generator=None) -> None:
         self._setup_replay(n_prompts, prompts)
+        self.skip_generator = generator  # --replay.skip: the actor that holds the rule
+
+    def restore_skip(self, state: dict) -> None:
+        # Called from `init_checkpoint_states`, before upstream starts the generator's `fit`: the
+        # generator actor is idle and takes the call.
+        ray.get(self.skip_generator.load_skip_state.remote(state))
+        self.skip_state = state
 
     def train_step(self, rollout_samples, global_step):
         missing = [i for i, s in enumerate(rollout_samples) if VERSION_KEY not in s.info]
@@ -172,7 +190,7 @@ class _ReplayPPOTrainerAsync(_ResumePPOTrainerAsync):
     def __init__(self, pretrain, strategy, *args, **kwargs):
         super().__init__(pretrain, strategy, *args, **kwargs)  # builds the actors above
         inputs = ray.get(self.generator_actor.replay_inputs.remote())
-        ray.get(self.trainer_actor.setup_replay.remote(*inputs))
+        ray.get(self.trainer_actor.setup_replay.remote(*inputs, generator=self.generator_actor))
 
 
 ReplayPPOTrainerAsync = ray.remote(_ReplayPPOTrainerAsync)

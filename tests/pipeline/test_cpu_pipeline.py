@@ -12,7 +12,9 @@ ZeRO-2 over gloo, weight broadcast to vLLM), nothing stubbed:
   tiny model as critic, one rank), so replayed rows get the current critic's values and GAE
   advantages, and the critic trains on them; its batches dumped (`OPENRLHF_REPLAY_DEBUG_DUMP_DIR`);
 - `filter`: dynamic filtering with `--replay.refill`, uniform replay, two ranks, a reward that
-  makes half the prompts' groups constant (`filter_reward.py`), so the filter drops them;
+  makes half the prompts' groups constant (`filter_reward.py`), so the filter drops them; with
+  pre-rollout skipping (`--replay.skip`) over three episodes, so that from the second on the
+  constant prompts are skipped and others take their place, its state saved every step;
 - `control`: `--replay.mode none` with vLLM told to receive the broadcast weights but not load
   them (`OPENRLHF_REPLAY_DEBUG_SKIP_WEIGHT_LOAD=1`), the baseline for the weight-sync check.
 - `rlep`: `--replay.mode success` (RLEP) with an offline pool that the pool script builds from the
@@ -154,9 +156,11 @@ def _filter_argv(tmp: Path, model: Path) -> list[str]:
     data = tmp / "filter_prompts.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in thirds + [r for r in rows if r not in thirds][:6]))
     return ["--actor.model_name_or_path", str(model), "--data.prompt_dataset", str(data), "--data.max_samples", "12",
-            "--actor.num_gpus_per_node", "2", "--train.num_episodes", "1", "--reward.remote_url", str(FILTER_REWARD),
+            "--actor.num_gpus_per_node", "2", "--train.num_episodes", "3", "--reward.remote_url", str(FILTER_REWARD),
             "--replay.mode", "uniform", "--replay.warmup", "1", "--replay.ratio", "0.5",
-            "--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.01", "0.99", "--replay.refill"]
+            "--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0.01", "0.99", "--replay.refill",
+            "--replay.skip", "--ckpt.path", str(tmp / "filter_ckpt"), "--ckpt.save_steps", "1", "--ckpt.disable_ds",
+            "--ckpt.max_num", "100"]
 
 
 def _build_pool(tmp: Path, model: Path) -> Path:
@@ -309,11 +313,13 @@ def test_two_ranks_train_alike_across_an_episode_boundary(runs):
 def test_dynamic_filtering_with_refill_trains_replayed_rows_in_the_dropped_groups_place(runs):
     """No prompt replaces a dropped group (4 prompts generated a step, the dropped ones counted);
     replayed rollouts take its rows after the warm-up, inert rows before it; both ranks train the
-    same rows and take the same optimizer steps on every step, fresh ones short or not."""
+    same rows and take the same optimizer steps on every step, fresh ones short or not. Checked
+    over the first episode, where pre-rollout skipping has no history yet and skips nothing."""
     run = runs["filter"]
     steps = [1, 2, 3]
+    assert _by_step(run, "replay/skip_loader_passes")[3] == 1.0
     generated, filtered = _by_step(run, "replay/generated_rollouts"), _by_step(run, "replay/filtered_rollouts")
-    assert generated == dict.fromkeys(steps, 16.0)  # 4 prompts x 4: refill generates no replacement
+    assert {t: generated[t] for t in steps} == dict.fromkeys(steps, 16.0)  # 4 prompts x 4: no replacement
     assert sum(filtered.values()) >= 8 and filtered[2] + filtered[3] > 0, filtered  # half the prompts are constant
     fresh, replayed = _by_step(run, "replay/trained_rows_fresh"), _by_step(run, "replay/trained_rows_replayed")
     inert, refilled = _by_step(run, "replay/trained_rows_inert"), _by_step(run, "replay/refilled_rows")
@@ -331,6 +337,40 @@ def test_dynamic_filtering_with_refill_trains_replayed_rows_in_the_dropped_group
     assert refilled[2] + refilled[3] > 0  # after it, replay stands in for them
     assert all(math.isfinite(v) for v in _by_step(run, "policy_loss").values())
     assert "replay.refill: dynamic filtering dropped" in run["log"]
+
+
+def test_pre_rollout_skipping_skips_constant_prompts_keeps_batches_full_and_saves_its_state(runs):
+    """From the second pass over the loader on, prompts whose groups were constant are skipped
+    before generation and the loader's next prompts fill the step (4 prompts generated on every
+    step: a pass's tail too short for a batch is deferred); the prompts drawn add up to the passes
+    logged; the state saved with each step's checkpoint is the generator's as of that step."""
+    from replay import load_state
+    from replay.skip import HARD
+
+    run = runs["filter"]
+    skipped, drawn = _by_step(run, "replay/skip_skipped_prompts"), _by_step(run, "replay/skip_drawn_prompts")
+    deferred = _by_step(run, "replay/skip_deferred_prompts")
+    generated, passes = _by_step(run, "replay/generated_rollouts"), _by_step(run, "replay/skip_loader_passes")
+    steps = sorted(generated)
+    assert sorted(skipped) == steps and len(steps) > 3
+    assert all(skipped[t] == 0 for t in steps if passes[t] <= 1) and sum(skipped.values()) > 0, skipped
+    fresh, filtered = _by_step(run, "replay/trained_rows_fresh"), _by_step(run, "replay/filtered_rollouts")
+    for t in steps:
+        # A skipped prompt generates nothing (a call whose groups were all dropped is counted, skips
+        # and rollouts alike, with the next step).
+        assert generated[t] == 4 * (drawn[t] - skipped[t] - deferred[t]), t
+        assert fresh[t] + filtered[t] == 16, (t, fresh[t], filtered[t], passes[t])  # its call sent a full batch
+    # TensorBoard keeps float32: the passes logged are 12ths
+    assert sum(drawn.values()) == pytest.approx(passes[steps[-1]] * 12) and passes[steps[-1]] >= 2.5
+    share = _by_step(run, "replay/skip_zero_variance_share")
+    assert all(0 <= share[t] <= 1 for t in steps) and max(share.values()) > 0  # the constant prompts' groups
+    for t in steps:
+        state = load_state(runs["filter"]["dir"].parent / "filter_ckpt" / "_replay" / f"skip_global_step{t}.npz")
+        assert state["prompts_drawn"] == pytest.approx(passes[t] * 12), t
+        assert state["explore"] == pytest.approx([_by_step(run, f"replay/skip_explore_{k}")[t] for k in ("easy", "hard")])
+        if passes[t] >= 1:  # every prompt generated once: the 6 that always score 0 are hard
+            assert (state["kinds"] == HARD).sum() >= 6 and len(state["uids"]) == 12, t
+    assert "replay.skip: saved the history of 12 prompts" in run["log"]
 
 
 def test_the_critic_trains_on_replayed_rows_too(runs):
