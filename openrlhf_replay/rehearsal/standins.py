@@ -234,7 +234,9 @@ class Shadow:
                                          self.args.train.batch_size, micro, like=composition.fresh,
                                          refill=ReplayConfig.from_namespace(self.args).refill, rebalanced=dynamic)
                 per_rank = [[_Stub(hi - lo, True) for lo, hi in s.parts] for s in shares]
-                batch = arrange_for_ranks(fresh, per_rank, [s.fresh for s in shares], equal=not dynamic)
+                batch = arrange_for_ranks(fresh, per_rank, [s.fresh for s in shares], equal=not dynamic,
+                                          fresh_parts=[s.fresh_parts for s in shares],
+                                          select=lambda item, lo, hi: _Stub(hi - lo, False))
             ray.get(self.group.async_run_method_batch(method_name="append", experience=batch))
             ray.get(self.group.async_run_method(method_name="fit"))
             self.steps += 1

@@ -8,7 +8,9 @@ the list (`RayActorGroup.async_run_method_batch`), or with dynamic batching upst
 `balance_experiences`; every rank must get the same micro-batches, the same rows, and whole local
 training batches, so it takes the same optimizer steps."""
 import copy
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from openrlhf.trainer.ppo_utils.experience import balance_experiences, make_experience_batch, split_experience_batch
@@ -103,3 +105,21 @@ def test_every_kept_group_count_is_balanced(make_args, experience_maker_cls, rol
         drawn += len(maker.composition.replayed)
         _check_balanced(batch, args, kept * g, (groups - kept) * g if refill else 0)
     assert (drawn > 0) == replay
+
+
+def test_a_rank_whose_fresh_rows_exceed_the_steps_share_gets_inert_batches_added():
+    """32 ranks, 33 fresh micro-batches of 16 (528 rows) and 232 replayed: 760 rows make 768, 24 a
+    rank, but the rank that holds two fresh micro-batches has 32. The rehearsal's matrix met it at
+    0.6B on 4 nodes of 8 ("a rank holds 32 fresh rows, more than its 24"): the step now adds inert
+    training batches until every rank's fresh rows fit, and every rank still gets equal rows."""
+    from replay.testing import random_batch
+    from openrlhf_replay.trainer.ppo_utils.experience_maker import share_for_ranks
+
+    rng = np.random.default_rng(0)
+    fresh = random_batch(rng, n_groups=66, group_size=8, version=0)
+    old = random_batch(rng, n_groups=29, group_size=8, version=0)
+    comp = SimpleNamespace(replayed=old, weights=np.ones(len(old), np.float32), inert=0, refilled=0)
+    shares = share_for_ranks([16] * 33, comp, 32, 256, 16, like=fresh)
+    rows = [16 * (s.fresh.stop - s.fresh.start) + len(s.rows) for s in shares]
+    assert len(set(rows)) == 1 and rows[0] >= 32 and (rows[0] * 32) % 256 == 0
+    assert sum(int(s.inert.sum()) for s in shares) == rows[0] * 32 - 528 - 232

@@ -234,14 +234,17 @@ def share_for_ranks(fresh_sizes: list[int], comp, ranks: int, batch_rows: int, m
     `balance_experiences` deals every row over the ranks again by length): only the step's total
     must split evenly; the replayed rows are shared out evenly."""
     n_fresh = sum(fresh_sizes)
-    replayed, weights, is_inert, is_refill = _completed(comp, n_fresh, batch_rows, like, refill)
+    base, more = divmod(len(fresh_sizes), ranks)
+    bounds = np.cumsum([0] + [base + (r < more) for r in range(ranks)])
+    fresh_rows = [sum(fresh_sizes[bounds[r]:bounds[r + 1]]) for r in range(ranks)]
+    # A short step can leave one rank more fresh rows than the step's rows per rank (33 fresh
+    # micro-batches over 32 ranks): inert training batches are added until every rank's fresh rows fit.
+    at_least = 0 if rebalanced else max(fresh_rows) * ranks
+    replayed, weights, is_inert, is_refill = _completed(comp, n_fresh, batch_rows, like, refill, at_least)
     total = n_fresh + len(replayed)
     if total % ranks:
         raise ValueError(f"{total} rows (fresh + replayed + inert) cannot be split evenly over {ranks} ranks")
     per_rank = total // ranks
-    base, more = divmod(len(fresh_sizes), ranks)
-    bounds = np.cumsum([0] + [base + (r < more) for r in range(ranks)])
-    fresh_rows = [sum(fresh_sizes[bounds[r]:bounds[r + 1]]) for r in range(ranks)]
     needs = [per_rank - f for f in fresh_rows]
     if rebalanced:
         needs = [len(replayed) // ranks + (r < len(replayed) % ranks) for r in range(ranks)]
@@ -267,11 +270,13 @@ def share_for_ranks(fresh_sizes: list[int], comp, ranks: int, batch_rows: int, m
     return shares
 
 
-def _completed(comp, n_fresh: int, batch_rows: int, like: RolloutBatch | None, refill: bool):
+def _completed(comp, n_fresh: int, batch_rows: int, like: RolloutBatch | None, refill: bool, at_least: int = 0):
     """The composition's replayed rows followed by the inert rows that complete the step to whole
-    training batches, with their weights (0 on inert rows) and inert and refill flags."""
+    training batches, at least `at_least` rows in all, with their weights (0 on inert rows) and
+    inert and refill flags."""
     replayed, weights = comp.replayed, comp.weights
     inert_n = comp.inert + -(n_fresh + len(replayed) + comp.inert) % batch_rows
+    inert_n += max(0, -(-(at_least - n_fresh - len(replayed) - inert_n) // batch_rows)) * batch_rows
     is_inert = np.r_[np.zeros(len(replayed), np.bool_), np.ones(inert_n, np.bool_)]
     is_refill = np.zeros(len(is_inert), np.bool_)
     is_refill[len(replayed) - comp.refilled:len(replayed) + (comp.inert if refill else 0)] = True
@@ -325,17 +330,17 @@ def inert_rollouts(like: RolloutBatch, n: int) -> RolloutBatch:
 
 def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Experience]],
                       fresh_per_rank: list[slice], equal: bool = True,
-                      fresh_parts: list[int] | None = None) -> list[Experience]:
+                      fresh_parts: list[int] | None = None, select=None) -> list[Experience]:
     """Rank r's contiguous chunk = its share of the fresh micro-batches (`fresh_per_rank[r]`, from
     `share_for_ranks`, cut into `fresh_parts[r]` micro-batches where given) + its replayed
     micro-batches. `equal=False` (dynamic batching, where upstream deals the rows again): the
-    chunks may differ.
+    chunks may differ. `select(item, lo, hi)`: rows lo:hi of a micro-batch (`cut_finer`'s).
 
     Upstream cuts the list into `ranks` chunks of ceil(len / ranks): with the same number of items
     per rank, the cuts fall exactly on these boundaries.
     """
     parts = fresh_parts if fresh_parts is not None else [None] * len(fresh_per_rank)
-    chunks = [cut_finer(fresh[cut], n) + list(replayed)
+    chunks = [cut_finer(fresh[cut], n, select) + list(replayed)
               for cut, n, replayed in zip(fresh_per_rank, parts, replayed_per_rank)]
     if equal and len({len(c) for c in chunks}) != 1:
         raise ValueError(f"the ranks would get {[len(c) for c in chunks]} micro-batches; upstream's chunking "
@@ -343,9 +348,12 @@ def arrange_for_ranks(fresh: list[Experience], replayed_per_rank: list[list[Expe
     return [e for chunk in chunks for e in chunk]
 
 
-def cut_finer(items: list[Experience], parts: int | None) -> list[Experience]:
+def cut_finer(items: list[Experience], parts: int | None, select=None) -> list[Experience]:
     """`items` (a rank's fresh micro-batches, in order) as `parts` micro-batches: the largest is
-    halved until there are that many. Upstream's actor trains row by row, so only the count changes."""
+    halved until there are that many. Upstream's actor trains row by row, so only the count changes.
+    `select(item, lo, hi)` takes rows lo:hi of an item (`select_rows`; the rehearsal's shadows
+    pass their own, for micro-batches that carry only a row count)."""
+    select = select or select_rows
     pieces = [(e, 0, len(e.sequences)) for e in items]
     while parts is not None and len(pieces) < parts:
         i = max(range(len(pieces)), key=lambda j: pieces[j][2] - pieces[j][1])
@@ -353,4 +361,4 @@ def cut_finer(items: list[Experience], parts: int | None) -> list[Experience]:
         if hi - lo < 2:
             raise ValueError(f"{sum(len(e.sequences) for e in items)} fresh rows cannot make {parts} micro-batches")
         pieces[i:i + 1] = [(e, lo, (lo + hi) // 2), (e, (lo + hi) // 2, hi)]
-    return [e if hi - lo == len(e.sequences) else select_rows(e, lo, hi) for e, lo, hi in pieces]
+    return [e if hi - lo == len(e.sequences) else select(e, lo, hi) for e, lo, hi in pieces]
