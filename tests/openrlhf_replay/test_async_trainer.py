@@ -121,6 +121,7 @@ def test_the_generator_actors_counts_reach_the_training_actor_with_the_batch(mak
     args = make_args(*ASYNC, "--replay.mode", "advantage", "--algo.dynamic_filtering_enable",
                      "--rollout.batch_size", 2, "--algo.dynamic_filtering_range", "0.01", "0.99")
     actor = object.__new__(ours._ReplayGenerateSamplesActor)
+    actor.args = args  # upstream's `__init__` sets it from the strategy
     actor.samples_generator, engines = counting_generator(args, ["mix", "1", "mix", "0", "1"])
     actor.samples_generator.__class__ = upstream.SamplesGenerator  # as upstream's `__init__` builds it
     actor.vllm_lock = SimpleNamespace(version=SimpleNamespace(remote=lambda: _Local(3)))
