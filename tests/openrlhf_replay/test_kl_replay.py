@@ -84,6 +84,7 @@ def test_adaptive_kl_adapts_on_the_fresh_rows_kl_with_replay_on(make_args, exper
     trainer.tokenizer = SimpleNamespace(pad_token_id=0, decode=lambda ids, **kw: ["text"])
     trainer.actor_model_group, trainer.critic_model_group = actor_group([PolicyRank(args)], 1), None
     trainer.vllm_engines = None
+    trainer.tensorboard_logger = None  # upstream's `__init__`, without --logger.tensorboard_dir
     rows = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     coef = INIT
     with in_process_object_store():
