@@ -131,7 +131,8 @@ class SkipRule:
                 "replay/skip_deferred_prompts": float(t.deferred),
                 "replay/skip_rate": t.skipped / max(t.drawn, 1),
                 "replay/skip_zero_variance_share": (t.easy + t.hard) / max(t.groups, 1),
-                "replay/skip_easy_share": t.easy / max(t.groups, 1), "replay/skip_hard_share": t.hard / max(t.groups, 1),
+                "replay/skip_easy_share": t.easy / max(t.groups, 1),
+                "replay/skip_hard_share": t.hard / max(t.groups, 1),
                 "replay/skip_explore_easy": self.explore[EASY], "replay/skip_explore_hard": self.explore[HARD],
                 "replay/skip_loader_passes": self.prompts_drawn / self.n_prompts}
 

@@ -8,9 +8,10 @@ by `ReplayExperienceMaker`), `train_step` (wrapped: sets the step, adds metrics)
 `_compute_rollout_stats` (fresh rows only), `save_logs_and_checkpoints` and
 `init_checkpoint_states` (replay state beside each checkpoint; the start episode, `resume.py`),
 and the `tensorboard_logger` it builds (switched to `HistogramTensorboardLogger`: the step's
-histograms). `get_max_steps` is upstream's: the LR schedule is sized from the fresh batches in every condition, and the policy actor paces it
-by rollout steps (`openrlhf_replay/trainer/lr_schedule.py`), so every condition warms up over the
-same rollout steps and ends its schedule at its last optimizer step, whatever replay adds.
+histograms). `get_max_steps` is upstream's: the LR schedule is sized from the fresh batches in
+every condition, and the policy actor paces it by rollout steps
+(`openrlhf_replay/trainer/lr_schedule.py`), so every condition warms up over the same rollout
+steps and ends its schedule at its last optimizer step, whatever replay adds.
 """
 from __future__ import annotations
 
