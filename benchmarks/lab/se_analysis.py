@@ -41,13 +41,13 @@ control (`POSITIVE_CONTROL`) is a pair whose sign is known before it runs: if th
 resolve it, a null result elsewhere says nothing.
 
 Paired differences (condition A minus condition B, seed by seed: seed s of every condition has
-the same prompt order and the same warm start): their median, an interval (`interval`, its kind
+the same prompt order and the same warm start): their mean, an interval (`interval`, its kind
 in `interval_kind`), and the exact two-sided sign-flip permutation p-value of their mean (the
-sign test's p beside it). From `MIN_SEEDS_FOR_CI` (6) seeds the interval is the percentile-
-bootstrap 95% interval of the median over seeds; below that it is the [min, max] of the
-differences, and called so: a percentile interval over so few seeds is little else. A difference
-is "resolved" when the interval excludes 0 and p < 0.05; with n seeds the smallest possible p is
-2 / 2**n (0.25 at 3 seeds, 0.0078 at 8).
+sign test's p beside it). From `MIN_SEEDS_FOR_CI` (6) seeds the interval is the 95% interval of
+the mean that inverts that test (the shifts it does not reject), so the interval excludes 0
+exactly when p < 0.05; below that it is the [min, max] of the differences, and called so. A
+difference is "resolved" when p < 0.05; with n seeds the smallest possible p is 2 / 2**n (0.25
+at 3 seeds, 0.0078 at 8).
 
 Curves over seeds: at each x, the median and the 25th / 75th percentiles (numpy's linear
 interpolation) of the runs that have a value there. Held-out evaluations happen at the same
@@ -300,7 +300,8 @@ def to_match_interval(runs: Sequence[Mapping], baseline_runs: Sequence[Mapping],
         lo, hi = np.quantile(ratios, [0.025, 0.975], method="inverted_cdf")  # sample values, so inf survives
     else:
         lo, hi = ratios.min(), ratios.max()
-    return [None if math.isinf(v) else float(v) for v in (lo, hi)], INTERVAL_KINDS[enough]
+    kind = "95% percentile bootstrap" if enough else "min-max"
+    return [None if math.isinf(v) else float(v) for v in (lo, hi)], kind
 
 
 # ----------------------------------------------------------------------------------- summary

@@ -185,7 +185,7 @@ def test_paired_difference_resolved_at_8_seeds_each_way():
     better = {s: 0.5 + 0.01 * s for s in range(1, 9)}
     up = sa.paired_difference(better, base)
     assert up["p"] == pytest.approx(2 / 256) and up["interval"][0] > 0
-    assert up["interval_kind"] == "95% percentile bootstrap"
+    assert up["interval_kind"] == "95% sign-flip inversion, mean"
     assert up["resolved"] and sa.verdict(up) == "resolved: A higher"
     down = sa.paired_difference(base, better)
     assert down["resolved"] and down["interval"][1] < 0 and sa.verdict(down) == "resolved: A lower"
