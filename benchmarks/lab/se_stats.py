@@ -104,6 +104,8 @@ def sign_flip_interval(diffs: Sequence[float], alpha: float = ALPHA) -> tuple[fl
             kept, rejected = (0.0, rejected) if null_kept else (kept, 0.0)
         while abs(rejected - kept) > 1e-6 * spread:
             middle = (kept + rejected) / 2
+            if middle in (kept, rejected):  # as close as floats get (differences equal but for rounding)
+                break
             if test.p(middle) >= alpha:
                 kept = middle
             else:

@@ -3,6 +3,7 @@ interval of the mean and its agreement with the test, rollouts-to-match interpol
 bootstrap p, the token cost model, the zero-variance share, the edition's families and report."""
 import itertools
 import math
+import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,3 +100,22 @@ def test_beyond_16_seeds_the_interval_inverts_the_sampled_test():
     lo, hi = ss.sign_flip_interval(d)
     assert (lo > 0 or hi < 0) == (ss.sign_flip_p(d) < ss.ALPHA) and lo < d.mean() < hi
     assert ss.sign_flip_p(d - hi) >= ss.ALPHA > ss.sign_flip_p(d - (hi + 1e-4))
+
+
+def test_differences_equal_but_for_rounding_end_the_bisection():
+    # a summary's differences of two curves shifted alike per seed: 0.032, one of them an ulp lower
+    d = [float.fromhex("0x1.0624dd2f1aa00p-5")] * 8
+    d[4] = float.fromhex("0x1.0624dd2f1a9f8p-5")
+    assert 0 < np.ptp(d) < 1e-16
+
+    def hung(*_):
+        raise AssertionError("the bisection did not end in 20 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        lo, hi = ss.sign_flip_interval(d)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert lo == pytest.approx(0.032) and hi == pytest.approx(0.032)
