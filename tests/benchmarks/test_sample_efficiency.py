@@ -86,15 +86,19 @@ def test_trailing_mean():
         sa.trailing_mean([1.0], 0)
 
 
-def test_to_match_ratio_half_never_and_the_tolerance():
+def test_to_match_ratio_interpolates_between_checkpoints_never_and_the_tolerance():
     base = {"x": np.array([0, 100, 200, 300, 400]), "median": np.array([0.2, 0.3, 0.4, 0.45, 0.5])}
     fast = {"x": base["x"], "median": np.array([0.2, 0.5, 0.5, 0.5, 0.5])}
     slow = {"x": base["x"], "median": np.array([0.2, 0.25, 0.3, 0.35, 0.48])}
     almost = {"x": base["x"], "median": np.array([0.2, 0.25, 0.3, 0.35, 0.49])}
     assert sa.to_match_ratio(base, base) == 1.0
-    assert sa.to_match_ratio(fast, base) == pytest.approx(100 / 400)
+    # threshold 0.98 x 0.5 = 0.49: GRPO's segment 0.45 -> 0.5 reaches it at 300 + 0.8 x 100 = 380,
+    # fast's 0.2 -> 0.5 at 0.29 / 0.3 x 100 (a checkpoint's x would give 100 / 400)
+    assert sa.to_match_ratio(fast, base) == pytest.approx((0.29 / 0.3 * 100) / 380)
     assert sa.to_match_ratio(slow, base) is None  # 0.48 < 0.98 * 0.5
-    assert sa.to_match_ratio(almost, base) == 1.0  # 0.49 >= 0.98 * 0.5
+    assert sa.to_match_ratio(almost, base) == pytest.approx(400 / 380)  # 0.49 reached at its last checkpoint
+    assert sa.first_reach([0, 10, 20], [0.1, float("nan"), 0.3], 0.2) == pytest.approx(10.0)  # NaN points skipped
+    assert sa.first_reach([0, 10], [0.3, 0.4], 0.2) == 0.0 and sa.first_reach([0, 10], [0.1, 0.1], 0.2) is None
 
 
 def test_median_step_curve_takes_the_median_compute_at_each_evaluated_step():
@@ -134,19 +138,25 @@ def test_minimal_detectable_effect_follows_the_t_formula():
     assert sa.minimal_detectable_effect([0.1]) is None
 
 
-def test_to_match_interval_brackets_the_ratio_and_reports_never_as_none():
-    seeds = range(1, 7)  # 6 seeds: a percentile-bootstrap 95% interval
+def test_to_match_bootstrap_brackets_the_ratio_and_reports_never_as_none():
+    seeds = range(1, 7)  # 6 seeds: a bootstrap 95% interval and its p
     base = [make_run("none", s, [0.1, 0.2, 0.3, 0.4]) for s in seeds]
     fast = [make_run("advantage", s, [0.1, 0.4, 0.4, 0.4]) for s in seeds]
-    interval, kind = sa.to_match_interval(fast, base, 1.0, "rollouts")
-    assert interval == pytest.approx([1 / 3, 1 / 3]) and kind == "95% percentile bootstrap"  # no spread
-    # three seeds reach GRPO's level at step 2, three never: the interval spans 1/3 to "never"
+    out = sa.to_match_bootstrap(fast, base, 1.0, "rollouts")
+    # threshold 0.392: GRPO at 512 + 0.92 x 256 rollouts, advantage at 0.292 / 0.3 x 256
+    assert out["ratio"] == pytest.approx((0.292 / 0.3) / 2.92)
+    assert out["interval"] == pytest.approx([out["ratio"]] * 2) and out["p"] == 0.0  # no spread, every ratio < 1
+    assert out["interval_kind"] == "95% paired percentile bootstrap"
+    # three seeds reach GRPO's level by step 2, three never: the interval spans to "never"
     mixed = fast[:3] + [make_run("advantage", s, [0.1, 0.2, 0.2, 0.2]) for s in (4, 5, 6)]
-    (lo, hi), _ = sa.to_match_interval(mixed, base, 1.0, "rollouts")
-    assert lo == pytest.approx(1 / 3) and hi is None
-    # below 6 seeds: each seed's own ratio, as [min, max], and called so
-    assert sa.to_match_interval(mixed[2:4], base, 1.0, "rollouts") == ([pytest.approx(1 / 3), None], "min-max")
-    assert sa.to_match_interval(base, base, 1.0, "compute_units")[0] == pytest.approx([1.0, 1.0])
+    out = sa.to_match_bootstrap(mixed, base, 1.0, "rollouts")
+    assert out["interval"][0] == pytest.approx((0.292 / 0.3) / 2.92) and out["interval"][1] is None
+    assert out["p"] > 0.05
+    # below 6 seeds: each seed's own ratio, as [min, max], called so, and no p
+    few = sa.to_match_bootstrap(mixed[2:4], base, 1.0, "rollouts")
+    assert (few["interval"], few["interval_kind"], few["p"]) == ([pytest.approx(1 / 3), None], "min-max", None)
+    same = sa.to_match_bootstrap(base, base, 1.0, "compute_units")
+    assert same["interval"] == pytest.approx([1.0, 1.0]) and same["p"] == 1.0
 
 
 @pytest.mark.parametrize("diffs, p", [
@@ -216,11 +226,12 @@ def test_summarize_end_to_end():
     assert adv["final_acc"] == pytest.approx(0.4) and adv["best_acc"] == pytest.approx(0.4)
     assert adv["auc"] == pytest.approx(0.35) and none["auc"] == pytest.approx(0.3)
     assert adv["final_acc_by_band"] == {"easy": pytest.approx(0.4), "hard": pytest.approx(0.2)}
-    # threshold 0.98 x 0.4: GRPO at step 4 (512 rollouts, 4 x 6.5 = 26 units); advantage's median
-    # curve (0.2, 0.4, 0.4) at step 2 (256 rollouts, 2 x 7.5 = 15 units)
+    # threshold 0.98 x 0.4, interpolated: GRPO 0.92 of the way from step 2 to step 4 (256 + 0.92 x 256
+    # rollouts, 13 + 0.92 x 13 units at 6.5 a step); advantage's median curve (0.2, 0.4, 0.4) 0.96 of
+    # the way to step 2 (0.96 x 256 rollouts, 0.96 x 15 units at 7.5 a step)
     assert summary["match_threshold"] == pytest.approx(0.392)
-    assert adv["rollouts_to_match_ratio"] == pytest.approx(0.5)
-    assert adv["compute_to_match_ratio"] == pytest.approx(15 / 26)
+    assert adv["rollouts_to_match_ratio"] == pytest.approx(0.96 / 1.92)
+    assert adv["compute_to_match_ratio"] == pytest.approx(0.96 * 15 / (1.92 * 13))
     assert none["rollouts_to_match_ratio"] == none["compute_to_match_ratio"] == pytest.approx(1.0)
     assert adv["aes_vs_grpo"] == pytest.approx(0.25)  # same final accuracy, 6 tokens vs 8: dLen 0.25
     assert adv["train_tokens_per_step"] == pytest.approx(192 * 6.0) and adv["replayed_per_step"] == 64

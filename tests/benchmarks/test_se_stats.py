@@ -14,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks/lab")]
 
+import se_analysis as sa  # noqa: E402
+import se_costs as sc  # noqa: E402
+import se_match as sm  # noqa: E402
 import se_stats as ss  # noqa: E402
 
 # uniform - none, final avg@8, of the fourth edition's second regime (4 x 192 policy, 16 seeds;
@@ -100,6 +103,159 @@ def test_beyond_16_seeds_the_interval_inverts_the_sampled_test():
     lo, hi = ss.sign_flip_interval(d)
     assert (lo > 0 or hi < 0) == (ss.sign_flip_p(d) < ss.ALPHA) and lo < d.mean() < hi
     assert ss.sign_flip_p(d - hi) >= ss.ALPHA > ss.sign_flip_p(d - (hi + 1e-4))
+
+
+# -------------------------------------------------------------------------- run records
+
+def make_run(condition, seed, accs, *, eval_every=2, tokens=6.0, groups=16, zero_variance=(8,), train_tokens=None,
+             generated_tokens=None, ppo_s=2.0, gen_s=3.0, rollouts_per_step=128, fifth=True):
+    """A run with one evaluation every `eval_every` steps (len(accs) - 1 after step 0). Fifth-edition
+    records carry generated tokens and zero-variance counts per step (`zero_variance` cycled)."""
+    n_steps = eval_every * (len(accs) - 1)
+    steps = []
+    for t in range(1, n_steps + 1):
+        step = {"step": t, "reward": 0.3, "response_tokens": tokens, "generation_s": gen_s, "make_experience_s": 1.0,
+                "ppo_train_s": ppo_s, "broadcast_s": 0.5, "optimizer_steps": 2, "replayed_rollouts": 0.0,
+                "generated_rollouts": rollouts_per_step,
+                "train_tokens": rollouts_per_step * tokens if train_tokens is None else train_tokens}
+        if fifth:
+            step |= {"generated_tokens": rollouts_per_step * tokens if generated_tokens is None else generated_tokens,
+                     "groups": groups, "zero_variance_groups": zero_variance[(t - 1) % len(zero_variance)]}
+        steps.append(step)
+    evals = [{"step": i * eval_every, "accuracy": a, "accuracy_greedy": a + 0.1, "response_tokens": tokens,
+              "by_band": {"easy": a, "hard": a / 2}} for i, a in enumerate(accs)]
+    return {"condition": condition, "seed": seed, "rollouts_per_step": rollouts_per_step, "steps": steps,
+            "evals": evals, "wall_s": 40.0 + seed, "eval_s": 20.0 + seed}
+
+
+# ---------------------------------------------------------------- rollouts-to-match, its p
+
+@pytest.mark.parametrize("below", [0, 1, 97, 98, 99, 100, 101, 102, 1000, 3899, 3900, 3901, 3999, 4000])
+def test_the_ratio_interval_excludes_1_exactly_when_the_bootstrap_p_is_below_alpha(below):
+    """4,000 draws, `below` of them < 1, some exactly 1, the rest above or infinite: the boundary
+    is at 100 draws on either side (2 x 100 / 4000 = 0.05)."""
+    rng = np.random.default_rng(below)
+    draws = np.concatenate([rng.uniform(0.3, 0.99, below), np.ones(min(3, 4000 - below)),
+                            np.full(max(0, 4000 - below - 3), math.inf)])
+    draws[below + 3::2] = rng.uniform(1.01, 3.0, len(draws[below + 3::2]))
+    lo, hi, p = sm.ratio_interval_and_p(draws)
+    assert (lo > 1 or hi < 1) == (p < ss.ALPHA)
+    share_le, share_ge = np.mean(draws <= 1), np.mean(draws >= 1)
+    assert p == pytest.approx(min(1.0, 2 * min(share_le, share_ge)))
+    assert lo <= hi
+
+
+def test_the_bootstrap_p_and_interval_agree_on_runs_and_are_seeded():
+    rng = np.random.default_rng(5)
+    agreed = set()
+    for trial in range(12):
+        speed = rng.uniform(0.6, 1.6)
+        base = [make_run("none", s, np.minimum(0.4, 0.2 + np.arange(6) * 0.04 + rng.normal(0, 0.01, 6)).tolist())
+                for s in range(1, 9)]
+        fast = [make_run("skip_refill", s, np.minimum(0.4, 0.2 + np.arange(6) * 0.04 * speed
+                                                      + rng.normal(0, 0.01, 6)).tolist()) for s in range(1, 9)]
+        out = sm.to_match_bootstrap(fast, base, 1.0, "rollouts")
+        lo, hi = (math.inf if v is None else v for v in out["interval"])
+        assert (lo > 1 or hi < 1) == (out["p"] < ss.ALPHA)
+        agreed.add(out["p"] < ss.ALPHA)
+        assert sm.to_match_bootstrap(fast, base, 1.0, "rollouts") == out  # seeded
+    assert agreed == {True, False}  # both kinds of answer were met
+
+
+def test_rollouts_to_match_moves_finer_than_the_checkpoints():
+    """Checkpoints every 10 of 50 steps: the first checkpoint at or above the threshold could only
+    give ratios in steps of 0.2 of GRPO's 50; the interpolated crossing falls between them."""
+    base = [make_run("none", s, [0.20, 0.25, 0.30, 0.35, 0.38, 0.40], eval_every=10) for s in range(1, 7)]
+    fast = [make_run("skip_refill", s, [0.20, 0.27, 0.33, 0.37, 0.41, 0.41], eval_every=10) for s in range(1, 7)]
+    out = sm.to_match_bootstrap(fast, base, 1.0, "rollouts")
+    # threshold 0.392: GRPO 0.6 of the way from step 40 to 50 (46), skip_refill 0.55 from 30 to 40 (35.5)
+    assert out["ratio"] == pytest.approx(35.5 / 46)
+    assert round(out["ratio"] / 0.2, 6) % 1 != 0
+
+
+@pytest.mark.parametrize("ratio, interval, p, words", [
+    (0.45, [0.35, 0.8], 0.001, "reaches the 0.5 mark"),
+    (0.5, [0.4, 0.99], 0.01, "reaches the 0.5 mark"),
+    (0.55, [0.4, 0.9], 0.01, "saves rollouts"),
+    (0.45, [0.3, 1.0], 0.06, "not resolved"),       # the upper end must be below 1
+    (0.45, [0.3, None], 0.2, "not resolved"),       # may never match
+    (0.45, [0.3, 0.6], None, "not resolved"),       # fewer than 6 seeds: a [min, max], no test
+    (None, [None, None], None, "not resolved"),
+])
+def test_the_primary_verdict(ratio, interval, p, words):
+    assert sm.primary_verdict(ratio, interval, p) == words
+
+
+# ---------------------------------------------------------------------- the token cost model
+
+def test_token_axes_count_generated_and_trained_tokens_and_price_trained_ones_at_three():
+    run = make_run("skip_refill", 1, [0.2, 0.3], eval_every=2, generated_tokens=700.0, train_tokens=1000.0)
+    axes = sc.cumulative_axes(run, 1.0)
+    assert axes["generated_tokens"].tolist() == [0, 700, 1400]
+    assert axes["trained_tokens"].tolist() == [0, 1000, 2000]
+    assert axes["token_cost"].tolist() == [0, 3700, 7400]  # 700 + 3 x 1000 a step
+    # a record before the fifth edition: generated rollouts x their mean response length
+    old = make_run("none", 1, [0.2, 0.3], eval_every=2, tokens=6.5, fifth=False)
+    old["steps"][1]["generated_rollouts"] = 200  # a filtering step that dropped groups
+    assert sc.generated_tokens(old).tolist() == [128 * 6.5, 200 * 6.5]
+
+
+def test_a_condition_reports_tokens_wall_clock_and_the_zero_variance_share():
+    runs = [make_run("skip", s, [0.2, 0.3], eval_every=2, generated_tokens=500.0, train_tokens=800.0 + s,
+                     zero_variance=(4, 12), groups=16) for s in (1, 2, 3)]
+    costs = sc.condition_costs(runs, 1.0)
+    assert costs["generated_tokens"] == 1000.0 and costs["trained_tokens"] == 2 * 802.0
+    assert costs["token_cost"] == 1000.0 + 3 * 2 * 802.0
+    assert costs["wall_s_median"] == 42.0 and costs["eval_s_median"] == 22.0
+    assert costs["zero_variance_share"] == pytest.approx((4 / 16 + 12 / 16) / 2)
+    assert sc.zero_variance_share(runs[0]).tolist() == [0.25, 0.75]
+    old = [make_run("none", 1, [0.2, 0.3], fifth=False)]
+    assert sc.condition_costs(old, 1.0)["zero_variance_share"] is None
+    with pytest.raises(ValueError, match="zero_variance_groups"):
+        sc.zero_variance_share(old[0])
+    runs[0]["steps"][0]["groups"] = 0  # a step that generated nothing has no share
+    assert math.isnan(sc.zero_variance_share(runs[0])[0])
+
+
+# ------------------------------------------------------------------- the fifth edition's summary
+
+def fifth_edition_runs(seeds=8):
+    """GRPO learning to 0.40 in 50 steps; skip_refill reaching it by step 20; the others between."""
+    curves = {"none": [0.20, 0.25, 0.30, 0.35, 0.38, 0.40], "uniform": [0.20, 0.27, 0.33, 0.37, 0.40, 0.41],
+              "skip": [0.20, 0.26, 0.31, 0.36, 0.39, 0.40], "skip_uniform": [0.20, 0.28, 0.35, 0.39, 0.41, 0.42],
+              "skip_refill": [0.20, 0.33, 0.41, 0.42, 0.42, 0.43]}
+    return [make_run(c, s, [a + 0.002 * s for a in accs], eval_every=10, groups=12 if c.startswith("skip") else 16)
+            for s in range(1, seeds + 1) for c, accs in curves.items()]
+
+
+def test_the_fifth_edition_tests_its_six_pairs_and_answers_its_primary_question():
+    summary = sa.summarize(fifth_edition_runs(), edition=sa.EDITIONS[5])
+    assert summary["family"] == [f"{a}_vs_{b}" for a, b in sa.FIFTH_PAIRS] and len(summary["family"]) == 6
+    primary_pair = summary["pairs"]["skip_refill_vs_none"]["final_acc"]
+    assert primary_pair["holm_family"] == 6 and primary_pair["p_holm"] == pytest.approx(6 * 2 / 256)
+    assert "p_holm" not in summary["pairs"]["skip_refill_vs_uniform"]["final_acc"]  # secondary, never tested
+    assert "uniform_vs_none_matched" not in summary["pairs"]  # the fourth edition's pairs are not this one's
+    primary = summary["primary"]
+    assert primary["pair"] == "skip_refill_vs_none" and primary["n"] == 8
+    # threshold 0.98 x 0.41 (GRPO's best median, seeds 4 and 5's 0.408 and 0.41): GRPO crosses past step 40,
+    # skip_refill between steps 10 and 20
+    assert primary["ratio"] < 0.5 and primary["interval"][1] < 1 and primary["p"] < 0.05
+    assert primary["verdict"] == "reaches the 0.5 mark"
+    refill = summary["conditions"]["skip_refill"]
+    assert refill["cost_to_match_ratio"] == pytest.approx(refill["rollouts_to_match_ratio"])  # same tokens a step
+    assert refill["cost_to_match_p"] == refill["rollouts_to_match_p"]
+    assert refill["zero_variance_share"] == pytest.approx(8 / 12)
+    assert summary["conditions"]["none"]["zero_variance_share"] == pytest.approx(8 / 16)
+
+
+def test_the_primary_question_at_few_seeds_or_without_its_condition_is_not_resolved():
+    few = sa.summarize(fifth_edition_runs(seeds=4), edition=sa.EDITIONS[5])["primary"]
+    assert few["interval_kind"] == "min-max" and few["p"] is None and few["verdict"] == "not resolved"
+    runs = [r for r in fifth_edition_runs() if r["condition"] != "skip_refill"]
+    absent = sa.summarize(runs, edition=sa.EDITIONS[5])
+    assert absent["primary"]["verdict"] == "not run"
+    assert absent["pairs"]["uniform_vs_none"]["final_acc"]["holm_family"] == 6  # the family stays 6
+    assert sa.summarize(runs)["primary"] is None  # the fourth edition has no primary question
 
 
 def test_differences_equal_but_for_rounding_end_the_bisection():
