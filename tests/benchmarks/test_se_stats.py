@@ -17,6 +17,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks/lab")]
 import se_analysis as sa  # noqa: E402
 import se_costs as sc  # noqa: E402
 import se_match as sm  # noqa: E402
+import se_report  # noqa: E402
+import se_settings  # noqa: E402
 import se_stats as ss  # noqa: E402
 
 # uniform - none, final avg@8, of the fourth edition's second regime (4 x 192 policy, 16 seeds;
@@ -125,7 +127,7 @@ def make_run(condition, seed, accs, *, eval_every=2, tokens=6.0, groups=16, zero
     evals = [{"step": i * eval_every, "accuracy": a, "accuracy_greedy": a + 0.1, "response_tokens": tokens,
               "by_band": {"easy": a, "hard": a / 2}} for i, a in enumerate(accs)]
     return {"condition": condition, "seed": seed, "rollouts_per_step": rollouts_per_step, "steps": steps,
-            "evals": evals, "wall_s": 40.0 + seed, "eval_s": 20.0 + seed}
+            "evals": evals, "wall_s": 40.0 + seed, "eval_s": 20.0 + seed, "startup_s": 3.0}
 
 
 # ---------------------------------------------------------------- rollouts-to-match, its p
@@ -275,3 +277,62 @@ def test_differences_equal_but_for_rounding_end_the_bisection():
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert lo == pytest.approx(0.032) and hi == pytest.approx(0.032)
+
+
+# ---------------------------------------------------------------------------------- the report
+
+def report_summary(runs, edition, tmp_path):
+    """se_report.summarize as the lab calls it, with the settings table.md reads."""
+    a = SimpleNamespace(edition=edition, holm_conditions=se_settings.EDITION, eval_samples=8, out_dir=tmp_path,
+                        task="mixed", steps=50, prompts_per_step=16, group_size=8, train_batch=64)
+    return se_report.summarize(a, runs)
+
+
+def test_the_report_takes_the_family_and_the_primary_question_from_the_edition(tmp_path):
+    runs = fifth_edition_runs()
+    fifth = report_summary(runs, 5, tmp_path)
+    assert fifth["edition"] == 5 and len(fifth["family"]) == 6 and fifth["primary"]["pair"] == "skip_refill_vs_none"
+    assert fifth["pairs"]["uniform_vs_none"]["final_acc"]["holm_family"] == 6
+    fourth = report_summary(runs, 4, tmp_path)
+    assert fourth["primary"] is None and len(fourth["family"]) == 13  # the fourth's plan, as before
+    assert set(fourth["pairs"]) == {"uniform_vs_none"}
+
+
+def test_table_md_puts_the_primary_question_first_and_never_calls_a_secondary_score_resolved(tmp_path):
+    runs = fifth_edition_runs()
+    for r in runs:  # greedy: uniform 8 of 8 seeds above GRPO, p 0.0078 uncorrected
+        if r["condition"] == "uniform":
+            for e in r["evals"]:
+                e["accuracy_greedy"] += 0.05 + 0.001 * r["seed"]
+    text = se_report.table(report_summary(runs, 5, tmp_path))
+    lines = text.splitlines()
+    assert lines[2].startswith("**Primary question: rollouts-to-match of skip_refill against none** (8 seeds)")
+    assert "**reaches the 0.5 mark**" in lines[2]
+    greedy = next(line for line in lines if line.startswith("| uniform_vs_none | final_acc_greedy |"))
+    assert greedy.endswith("| 0.008 | 0.008 |  | uniform above none, not tested |")
+    secondary = [line for line in lines if line.startswith("| ") and ("_greedy |" in line or "| best_acc |" in line
+                                                                       or "| auc |" in line)]
+    assert secondary and not any("resolved" in line for line in secondary)
+    assert not any("resolved" in line for line in lines if line.startswith("| skip_refill_vs_uniform |"))
+    tested = next(line for line in lines if line.startswith("| skip_refill_vs_none | final_acc |"))
+    assert tested.endswith("| resolved (Holm): skip_refill above none |")
+    header = next(line for line in lines if line.startswith("| condition |"))
+    assert "| zero-variance share of generation (mean over the run) |" in header
+    refill = next(line for line in lines if line.startswith("| skip_refill | 8 |"))
+    # the share, 8 of 12 groups; median wall-clock of training / grading, 44.5 and 24.5 s (to even: 44, 24)
+    assert "| 0.67 |" in refill and "| 44 / 24 |" in refill
+    assert "95% percentile bootstrap of the median" not in text and "median A - B" not in text
+
+
+def test_write_plots_draws_the_zero_variance_share_when_the_records_count_it(tmp_path):
+    runs = fifth_edition_runs(seeds=2)
+    summary = report_summary(runs, 5, tmp_path) | {"primary_metric": {"name": "held-out avg@8"}}
+    se_report.write_plots(runs, summary, tmp_path, [c for c in summary["conditions"]])
+    assert {p.name for p in tmp_path.glob("*.png")} == {"curves.png", "curves_all.png", "bands.png",
+                                                         "zero_variance.png"}
+    old = [make_run(c, s, [0.2, 0.3, 0.35], fifth=False) for c in ("none", "uniform") for s in (1, 2)]
+    (tmp_path / "old").mkdir()
+    se_report.write_plots(old, report_summary(old, 4, tmp_path), tmp_path / "old", ["none", "uniform"])
+    assert not (tmp_path / "old" / "zero_variance.png").exists() and (tmp_path / "old" / "curves.png").is_file()
+    assert set(se_report.MAIN_PLOT[5]) == {"none", "uniform", "skip", "skip_uniform", "skip_refill"}
+    assert all(c in se_report.COLOURS for c in se_report.MAIN_PLOT[5])
