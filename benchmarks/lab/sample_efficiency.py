@@ -5,20 +5,23 @@ see `se_session.py` for how runs share processes), every condition with the same
 and the same steps, so the same generated rollouts, on the task of `se_task.py` (by default five
 arithmetic bands of spread difficulty, a 0.53M-parameter Qwen3 warm-started by supervised
 training). Seed s of every condition has the same prompt order (`--train.seed s`) and the same
-warm start. The prompts come from a pool passed over once every `--pool-steps` steps (by default
-once in the run: no prompt returns, so `success`, RLEP, replays from an offline pool that GRPO
-seed 1's final model decoded). Each run saves a Hugging Face checkpoint every `--eval-every`
+warm start. The prompts come from a pool passed over once every `--pool-steps` steps (the fifth
+edition's default: every 10 of 50 steps, so that pre-rollout skipping reads each prompt's
+history; the fourth's: once in the run, so `success`, RLEP, replays from an offline pool that
+GRPO seed 1's final model decoded). A skipping run's loader holds more passes, and every run
+ends once it has drawn `--steps` steps' prompts: every condition generates the same rollouts. Each run saves a Hugging Face checkpoint every `--eval-every`
 steps; after the run, each checkpoint is graded on the held-out split with the evaluation
 harness's backend and bounded grader. `se_analysis.summarize` turns the records into the summary
 (per condition, and paired differences over seeds), the plots show held-out accuracy and training
 reward against steps, generated rollouts and compute units (median and IQR over seeds).
 
-    python benchmarks/lab/sample_efficiency.py                 # 11 conditions, 16 or 12 seeds each
+    python benchmarks/lab/sample_efficiency.py                 # the fifth edition: 5 conditions, 16 or 8 seeds
+    python benchmarks/lab/sample_efficiency.py --edition 4     # the fourth edition: 11 conditions, 16 or 12 seeds
     python benchmarks/lab/sample_efficiency.py --quick         # none, uniform, none_df x 1 seed, 10 steps
     python benchmarks/lab/sample_efficiency.py --task add2     # the first edition (two-digit addition)
     python benchmarks/lab/sample_efficiency.py --analyse-only  # re-summarise and re-plot finished runs
 
-Output dir (default runs/sample_efficiency[_quick|_add2]): `data/`, `warm_start.json` (held-out
+Output dir (default runs/sample_efficiency[_e5|_add2][_quick]): `data/`, `warm_start.json` (held-out
 accuracy per band and the spread of per-prompt success rates after the warm start),
 `runs/<condition>_seed<N>/` (command.sh, steps.json, run.json, DONE), `session.log`,
 `summary.json`, `table.md`, `curves.png`, `curves_all.png`, `bands.png`, `spread.png`. The
@@ -26,8 +29,9 @@ warm-started model is cached by recipe under runs/sample_efficiency_models/, sha
 output dir. The runs are trained one after another in one session (`se_session.py`: one Ray
 instance, one vLLM engine, one policy actor for all, each run starting from the warm start
 again), because a launch of its own spends about as long starting its processes as a run
-trains; each run's `command.sh` is the same run as a launch of its own. A killed sweep, rerun
-with the same arguments, reruns only the runs without DONE or whose command changed (an
+trains; each run's `command.sh` is the same run as a launch of its own (ended after `--steps`
+steps' prompts). A killed sweep, rerun with the same arguments, grades the runs it trained and did not
+grade, and reruns only the runs without a finished training or whose command changed (an
 unfinished run restarts from its beginning: runs are a minute or two long); `--archive FILE`
 carries finished runs to a later session's checkout (se_archive.py). The last line printed is
 the summary as one JSON object.
@@ -54,141 +58,28 @@ import se_archive  # noqa: E402
 import se_report  # noqa: E402
 from se_report import jsonable, summarize  # noqa: E402
 from infra.hardware import cpu_description  # noqa: E402
-from se_settings import (CONDITIONS, DYNAMIC_FILTERING, EDITION,  # noqa: E402,F401
-                         EPOCHS, FIRST_EDITION, LR_SCALE, ROLLOUT_TEMPERATURE, Args, parse_args)
+from se_command import (command_script, condition_flags, step_record, success_pool_path,  # noqa: E402,F401
+                        train_command)
+from se_settings import (CONDITIONS, DYNAMIC_FILTERING, EDITION, FIFTH_EDITION,  # noqa: E402,F401
+                         FIRST_EDITION, ROLLOUT_TEMPERATURE, SKIPPING, Args, parse_args)
 from se_task import (PROMPT_TEMPLATE, evaluate_heldout, rate_histogram, split_problems, success_rates,  # noqa: E402
                      warm_start, write_prompt_file)
-
-
-# --------------------------------------------------------------------------------- one run
-
-def condition_flags(cond: str, a: Args) -> list[str]:
-    """`--replay.*` flags of a condition; every other flag is shared (see train_command)."""
-    shared = ["--replay.ratio", str(a.replay_ratio), "--replay.warmup", str(a.replay_warmup)]
-    uniform = ["--replay.mode", "uniform", "--replay.max_age", str(a.replay_max_age), *shared]
-    filtering = ["--algo.dynamic_filtering_enable", "--algo.dynamic_filtering_range", "0", "1"]
-
-    def advantage(alpha: float, max_age: int) -> list[str]:
-        return ["--replay.mode", "advantage", "--replay.max_age", str(max_age), "--replay.alpha", str(alpha),
-                "--replay.off_policy", "stale", *shared]
-
-    return {
-        "none": ["--replay.mode", "none"],
-        "none_half_lr": ["--replay.mode", "none"],
-        "none_half_prompts": ["--replay.mode", "none"],
-        "none_2epochs": ["--replay.mode", "none"],
-        "none_matched": ["--replay.mode", "none"],
-        "none_df": ["--replay.mode", "none", *filtering],
-        "uniform": uniform,
-        "uniform_df": [*uniform, *filtering],
-        "refill": [*uniform, *filtering, "--replay.refill"],
-        "age0": ["--replay.mode", "age0", *shared],
-        "advantage": advantage(0.5, a.replay_max_age),
-        "advantage_alpha1": advantage(1.0, a.replay_max_age),
-        "advantage_alpha2": advantage(2.0, a.replay_max_age),
-        # ExGRPO's own store and draw (replay/modes.py): successes of partly solved questions, no age limit
-        "exgrpo": ["--replay.mode", "exgrpo", "--replay.success_threshold", "0.5", *shared],
-        "advantage_tau2": advantage(0.5, 2),
-        "advantage_tau40": advantage(0.5, 40),
-        "naive": ["--replay.mode", "naive", "--replay.capacity", str(a.naive_capacity), *shared],
-        "freshness": ["--replay.mode", "freshness", "--replay.tau", str(a.freshness_tau),
-                      "--replay.capacity", str(a.freshness_capacity), "--replay.beta_steps", str(a.steps),
-                      *shared],
-        # RLEP keeps every success (no age limit) and replays per_prompt per fresh prompt, from the
-        # offline pool a finished GRPO run of this sweep decoded (`build_success_pool`)
-        "success": ["--replay.mode", "success", "--replay.per_prompt", str(a.success_per_prompt),
-                    "--replay.warmup", str(a.replay_warmup), "--replay.success_pool", str(success_pool_path(a))],
-    }[cond]
-
-
-def train_command(a: Args, cond: str, seed: int, model: Path, data: Path, run_dir: Path) -> list[str]:
-    """The launcher command: docs/METHOD.md's loss settings, sized for a CPU (see Args)."""
-    return [
-        sys.executable, "-m", "openrlhf_replay.cli.train_ppo_ray",
-        "--actor.model_name_or_path", str(model),
-        "--data.prompt_dataset", str(data), "--data.input_key", "prompt", "--data.label_key", "answer",
-        "--data.input_template", PROMPT_TEMPLATE, "--data.max_len", "64",
-        "--data.max_samples", str(a.pool_steps * a.prompts_of(cond)),
-        "--rollout.max_new_tokens", str(a.max_new_tokens),
-        "--reward.remote_url", str(REPO / "evaluation/reward.py"),
-        "--algo.advantage.estimator", "group_norm",
-        "--rollout.n_samples_per_prompt", str(a.group_size), "--rollout.batch_size", str(a.prompts_of(cond)),
-        "--rollout.micro_batch_size", "64", "--rollout.temperature", str(ROLLOUT_TEMPERATURE), "--rollout.top_p", "1.0",
-        "--train.batch_size", str(a.train_batch_of(cond)), "--train.micro_batch_size", str(a.train_batch_of(cond)),
-        "--train.max_epochs", str(EPOCHS.get(cond, 1)), "--train.num_episodes", str(a.steps // a.pool_steps),
-        "--train.seed", str(seed),
-        "--actor.policy_loss_type", "ppo", "--actor.eps_clip_low_high", "0.2", "0.28",
-        "--actor.dual_clip", "10", "--actor.loss_agg_mode", "token-mean",
-        "--actor.adam.lr", str(a.lr * LR_SCALE.get(cond, 1.0)),
-        "--actor.adam.weight_decay", "0.01", "--actor.max_norm", "1.0",
-        "--actor.lr_scheduler", "constant_with_warmup", "--actor.lr_warmup_ratio", "0.03",
-        "--algo.kl.init_coef", "0",
-        "--actor.num_nodes", "1", "--actor.num_gpus_per_node", "1", "--train.colocate_all",
-        "--vllm.num_engines", "1", "--vllm.tensor_parallel_size", "1", "--vllm.sync_backend", "gloo",
-        "--vllm.enforce_eager", "--ds.zero_stage", "0", "--ds.param_dtype", "bf16",
-        "--ds.attn_implementation", "sdpa",
-        "--ckpt.path", str(run_dir / "ckpt"), "--ckpt.output_dir", str(run_dir / "model"),
-        "--ckpt.save_steps", str(a.eval_every), "--ckpt.save_hf", "--ckpt.disable_ds", "--ckpt.max_num", "1000",
-        "--logger.logging_steps", "1",
-        "--replay.seed", str(seed),
-        *condition_flags(cond, a),
-    ]
-
-
-def step_record(status: dict, a: Args, cond: str = "none") -> dict:
-    """The fields the analysis uses from one upstream status dict of a `cond` run.
-
-    `train_tokens`: response tokens entering the policy loss in the step, over all its passes
-    (fresh rows' mean length x fresh rows + replayed rows' mean length x replayed rows).
-    `optimizer_steps`: the rows trained over the training batch, in whole batches (upstream's loader
-    drops a remainder), inert rows included (they carry no loss but complete a last training batch,
-    which is an optimizer step all the same). `generated_rollouts`: the dropped groups included:
-    the session counts the prompts each step consumed (`lab/prompts_consumed`, which also holds
-    those of a call that trained nothing); without it, replay's count, or upstream's filtering pass
-    rate (accepted rollouts per consumed prompt x 100: the fresh rollouts over it are the prompts)."""
-    epochs = EPOCHS.get(cond, 1)  # passes over each batch
-    fresh = status.get("rollout/num_samples", a.rollouts_of(cond))
-    replayed = status.get("replay/replayed", status.get("replay/replayed_rollouts", 0.0)) or 0.0
-    inert = status.get("replay/inert_rows", 0.0) or 0.0
-    fresh_len = status.get("response_length", status["rollout/response_length_mean"])
-    replay_len = status.get("replay/response_length_replay", fresh_len)
-    generated = status.get("replay/generated_rollouts")
-    if "lab/prompts_consumed" in status:
-        generated = status["lab/prompts_consumed"] * a.group_size
-    elif generated is None and status.get("dynamic_filtering_pass_rate"):
-        generated = round(fresh * 100 / status["dynamic_filtering_pass_rate"]) * a.group_size
-    return {
-        "step": status["step"],
-        "reward": status["rollout/reward_mean"],
-        "response_tokens": status["rollout/response_length_mean"],
-        "generation_s": status["timing/generation"],
-        "make_experience_s": status["timing/make_experience"],
-        "ppo_train_s": status["timing/ppo_train"],
-        "broadcast_s": status["timing/broadcast"],
-        "fresh_rollouts": fresh,
-        "generated_rollouts": fresh if generated is None else generated,
-        "replayed_rollouts": replayed,
-        "optimizer_steps": epochs * ((fresh + replayed + inert) // a.train_batch_of(cond)),
-        "train_tokens": epochs * (fresh * fresh_len + replayed * replay_len),
-        "replay": {k: v for k, v in status.items() if k.startswith("replay/") and isinstance(v, (int, float))},
-    }
 
 
 def run_dir_of(a: Args, cond: str, seed: int) -> Path:
     return a.out_dir / "runs" / f"{cond}_seed{seed}"
 
 
-def command_script(cmd: list[str]) -> str:
-    return "#!/usr/bin/env bash\ncd " + str(REPO) + "\n" + " ".join(map(_quote, cmd)) + "\n"
-
-
-def finished_record(a: Args, cond: str, seed: int, cmd: list[str]) -> dict | None:
-    """The run's record if it is DONE with this command; otherwise None, and its folder emptied."""
+def finished_record(a: Args, cond: str, seed: int, cmd: list[str]) -> dict | str | None:
+    """The run's record if it is DONE with this command; "trained" if this command trained it and
+    its grading did not finish (a session that ended between the two: graded now, not retrained);
+    otherwise None, and its folder emptied."""
     run_dir = run_dir_of(a, cond, seed)
-    done = (run_dir / "DONE").is_file() and (run_dir / "run.json").is_file()
     same = (run_dir / "command.sh").is_file() and (run_dir / "command.sh").read_text() == command_script(cmd)
-    if done and same:
+    if same and (run_dir / "DONE").is_file() and (run_dir / "run.json").is_file():
         return json.loads((run_dir / "run.json").read_text())
+    if same and (run_dir / "steps.json").is_file() and (run_dir / "model").is_dir():
+        return "trained"
     if run_dir.exists():
         shutil.rmtree(run_dir)
     return None
@@ -204,7 +95,9 @@ def train_in_session(a: Args, jobs: list[tuple[str, int, list[str]]], log) -> tu
         (run_dir / "command.sh").write_text(command_script(cmd))
     spec = a.out_dir / "session_jobs.json"
     spec.write_text(json.dumps([{"name": f"{c}_seed{s}", "command": cmd, "out": str(run_dir_of(a, c, s)),
-                                 "timeout_s": a.run_timeout_s} for c, s, cmd in jobs], indent=1))
+                                 "timeout_s": a.run_timeout_s, "max_prompts": a.steps * a.prompts_of(c)}
+                                for c, s, cmd in jobs],
+                               indent=1))
     log(f"training {len(jobs)} run(s) in one session ({a.steps} steps x "
         f"{'/'.join(sorted({str(a.rollouts_of(c)) for c, _, _ in jobs}))} rollouts); "
         f"log: {a.out_dir / 'session.log'}")
@@ -235,7 +128,6 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
     for step in range(a.eval_every, len(statuses) + 1, a.eval_every):
         ckpt = run_dir / "ckpt" / f"global_step{step}_hf"
         evals.append({"step": step, **eval_record(evaluate_heldout(ckpt, heldout, **eval_settings(a)))})
-        shutil.rmtree(ckpt)  # graded; the weights are not needed again (the final model stays in model/)
     if evals[-1]["step"] != len(statuses):  # a run that ended with the pool: its final model
         evals.append({"step": len(statuses),
                       **eval_record(evaluate_heldout(run_dir / "model", heldout, **eval_settings(a)))})
@@ -248,6 +140,7 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
               "steps": [step_record(s, a, cond) for s in statuses], "evals": evals}
     (run_dir / "run.json").write_text(json.dumps(record, indent=1))
     (run_dir / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+    shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # graded and recorded (the final model stays in model/)
     replayed = sum(s["replayed_rollouts"] for s in record["steps"])
     log(f"{run_dir.name}: trained in {wall_s:.0f} s (+{record['eval_s']:.0f} s eval), {replayed:.0f} replayed; "
         f"held-out avg@{a.eval_samples} " + " ".join(f"{e['accuracy']:.2f}" for e in evals))
@@ -263,10 +156,6 @@ def eval_record(result) -> dict:
     return {"accuracy": result.accuracy, "accuracy_greedy": result.accuracy_greedy,
             "response_tokens": result.mean_response_tokens, "by_band": result.by_band,
             "by_band_greedy": result.by_band_greedy}
-
-
-def _quote(word: str) -> str:
-    return word if re.fullmatch(r"[\w./,:=@%+-]+", word) else "'" + word.replace("'", "'\\''") + "'"
 
 
 # ------------------------------------------------------------------------ warm start and data
@@ -368,10 +257,13 @@ def sweep(a: Args, log) -> list[dict]:
     weights, archived, restored = se_archive.weights_sha(model), se_archive.load(a.archive), 0
     planned = [(cond, seed) for seed in range(1, max(a.seeds_of(c) for c in a.condition_list) + 1)
                for cond in a.condition_list if seed <= a.seeds_of(cond)]  # seed-major: a cut-short sweep has them all
-    records, pending = {}, []
+    records, pending, ungraded = {}, [], []
     for cond, seed in planned:
         cmd = train_command(a, cond, seed, model, data, run_dir_of(a, cond, seed))
         record = finished_record(a, cond, seed, cmd)
+        if record == "trained":
+            ungraded.append((cond, seed, cmd))
+            continue
         kept = archived.get((cond, seed, se_archive.fingerprint(command_script(cmd), a.out_dir, weights)))
         if record is None and kept is not None:
             record, restored = se_archive.restore(run_dir_of(a, cond, seed), command_script(cmd), kept), restored + 1
@@ -381,9 +273,12 @@ def sweep(a: Args, log) -> list[dict]:
             records[cond, seed] = record
     if a.archive:
         log(f"{restored} finished run(s) restored from {a.archive} (same command, same warm-start weights)")
+    if ungraded:
+        log(f"{len(ungraded)} run(s) trained by an earlier call and not graded: graded now")
+    failed = grade_all(a, ungraded, records, heldout, log)
     # `success` trains last: its pool comes from GRPO's seed 1, which must be finished first.
     later = [job for job in pending if job[0] == "success"]
-    failed = train_all(a, [job for job in pending if job[0] != "success"], records, heldout, log)
+    failed += train_all(a, [job for job in pending if job[0] != "success"], records, heldout, log)
     if later and (se_analysis.BASELINE, 1) in records:
         build_success_pool(a, data, log)
         failed += train_all(a, later, records, heldout, log)
@@ -402,12 +297,7 @@ def train_all(a: Args, pending: list, records: dict, heldout, log) -> list[str]:
     failed = []
     while pending:
         trained, broken = train_in_session(a, pending, log)
-        for cond, seed, _ in trained:
-            try:
-                records[cond, seed] = finalize_run(a, cond, seed, heldout, log)
-            except RuntimeError as e:
-                log(f"FAILED: {e}")
-                failed.append(f"{cond}_seed{seed}")
+        failed += grade_all(a, trained, records, heldout, log)
         for cond, seed, _ in broken:
             log(f"FAILED: {cond}_seed{seed}; see {run_dir_of(a, cond, seed) / 'error.txt'} and the session log")
             failed.append(f"{cond}_seed{seed}")
@@ -419,8 +309,16 @@ def train_all(a: Args, pending: list, records: dict, heldout, log) -> list[str]:
     return failed
 
 
-def success_pool_path(a: Args) -> Path:
-    return a.out_dir / "data" / "success_pool.npz"
+def grade_all(a: Args, trained: list, records: dict, heldout, log) -> list[str]:
+    """Grade these trained (condition, seed, command) runs into `records`; the names of those that failed."""
+    failed = []
+    for cond, seed, _ in trained:
+        try:
+            records[cond, seed] = finalize_run(a, cond, seed, heldout, log)
+        except RuntimeError as e:
+            log(f"FAILED: {e}")
+            failed.append(f"{cond}_seed{seed}")
+    return failed
 
 
 def build_success_pool(a: Args, data: Path, log) -> Path:

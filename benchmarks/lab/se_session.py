@@ -25,7 +25,9 @@ the engine is built from must be the same in every command (`ENGINE_FLAGS`).
     python benchmarks/lab/se_session.py JOBS.json
 
 JOBS.json is a list of {"name", "command" (a `python -m openrlhf_replay.cli.train_ppo_ray ...`
-argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped after it)}. For
+argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped after it) and
+"max_prompts" (the run ends once its generation drew that many prompts: a skipping run's loader
+holds more passes than it needs)}. For
 each run, in order, `<out>/steps.json` gets upstream's status dict of every step (the dict its
 `Global step N` line prints), the run's wall time and, for the first run, `session_startup_s`:
 from this process's start to that run's start (resolving every command, Ray, the engine's and
@@ -78,6 +80,53 @@ def engine_mismatches(first, args) -> list[str]:
             if mine[flag] != theirs[flag]]
 
 
+class GenerationTally:
+    """What a run's generation made since the last logged step, counted as upstream's generator
+    returns it: `lab/prompts_consumed`, the prompts drawn (skipped ones are never drawn; upstream's
+    loop logs no step for a call whose groups dynamic filtering all dropped, so the next step's
+    count holds them, and the last step's those of calls after it, which its final model paid
+    for); and, as each response becomes a sample, before any filtering, `lab/generated_tokens`
+    (response tokens), `lab/groups` (complete groups) and `lab/zero_variance_groups` (of them, those
+    whose rewards are all equal). With `max_prompts`, the generator reports itself exhausted once
+    that many prompts were drawn: the run ends there, whatever its loader still holds."""
+
+    def __init__(self, max_prompts: int | None = None):
+        self.max_prompts, self.drawn = max_prompts, 0
+        self.counts = dict.fromkeys(("prompts_consumed", "generated_tokens", "groups", "zero_variance_groups"), 0)
+        self.pending: dict[str, list[float]] = {}  # prompt -> rewards of its group so far
+
+    def install(self, generator) -> None:
+        generate, process = generator.generate_samples, generator._process_response_into_experience
+        group_size = generator.args.rollout.n_samples_per_prompt
+
+        def counted(**kwargs):
+            if self.max_prompts is not None and self.drawn >= self.max_prompts:
+                return [], None, 0, True  # upstream's loop ends each remaining pass on this
+            out = generate(**kwargs)
+            self.counts["prompts_consumed"] += out[2]  # (samples, pass rate, prompts consumed, exhausted)
+            self.drawn += out[2]
+            return out
+
+        def observed(response, **kwargs):
+            experience = process(response, **kwargs)
+            self.counts["generated_tokens"] += int(experience.response_length.sum())
+            rewards = self.pending.setdefault(experience.prompts[0], [])
+            rewards.append(float(response.get("reward", 0.0)))
+            if len(rewards) == group_size:
+                del self.pending[experience.prompts[0]]
+                self.counts["groups"] += 1
+                self.counts["zero_variance_groups"] += max(rewards) - min(rewards) < 1e-6
+            return experience
+
+        generator.generate_samples, generator._process_response_into_experience = counted, observed
+
+    def take(self) -> dict[str, int]:
+        """The counts since the last call, as `lab/<name>`, and zero them."""
+        out = {f"lab/{k}": int(v) for k, v in self.counts.items()}
+        self.counts = dict.fromkeys(self.counts, 0)
+        return out
+
+
 def _controller_class():
     import ray
 
@@ -95,30 +144,24 @@ def _controller_class():
             self.trainer = cls(pretrain, strategy, actor_group, None, None, None, vllm_engines, **generate_kwargs)
             return self.trainer.get_max_steps()
 
-        def fit(self) -> list[dict]:
-            """Broadcast the run's initial weights to vLLM, train, and return every step's status,
-            with `lab/prompts_consumed`: the prompts generated since the step before (upstream's
-            loop logs no step for a call whose groups dynamic filtering all dropped; the last
-            step's count takes those of calls after it, which its final model paid for)."""
-            trainer, statuses, consumed = self.trainer, [], [0]
-            save, generate = trainer.save_logs_and_checkpoints, trainer.samples_generator.generate_samples
-
-            def counted(**kwargs):
-                out = generate(**kwargs)
-                consumed[0] += out[2]  # (samples, pass rate, prompts consumed, exhausted)
-                return out
+        def fit(self, max_prompts: int | None = None) -> list[dict]:
+            """Broadcast the run's initial weights to vLLM, train until the loader or `max_prompts`
+            ends, and return every step's status with what the lab counts (`GenerationTally`)."""
+            trainer, statuses, tally = self.trainer, [], GenerationTally(max_prompts)
+            save = trainer.save_logs_and_checkpoints
+            tally.install(trainer.samples_generator)
 
             def record(global_step, logs_dict=None, client_states=None):
-                statuses.append({"step": global_step, "lab/prompts_consumed": consumed[0],
+                statuses.append({"step": global_step, **tally.take(),
                                  **{k: v for k, v in (logs_dict or {}).items() if k != "generated_samples"}})
-                consumed[0] = 0
                 return save(global_step, logs_dict, client_states)
 
-            trainer.save_logs_and_checkpoints, trainer.samples_generator.generate_samples = record, counted
+            trainer.save_logs_and_checkpoints = record
             trainer.broadcast_to_vllm()
             trainer.fit()
-            if statuses:
-                statuses[-1]["lab/prompts_consumed"] += consumed[0]
+            if statuses:  # calls after the last step (all their groups dropped): the final model paid for them
+                for key, value in tally.take().items():
+                    statuses[-1][key] += value
             del self.trainer
             return statuses
 
@@ -159,7 +202,7 @@ class Session:
                                     duplicate_actors=args.ds.ring_attn_size * args.ds.tensor_parallel_size)
         self.controller = _controller_class().remote()
 
-    def run(self, args, timeout_s: float | None = None) -> list[dict]:
+    def run(self, args, timeout_s: float | None = None, max_prompts: int | None = None) -> list[dict]:
         import ray
         from openrlhf.utils import get_strategy
 
@@ -173,10 +216,10 @@ class Session:
                            "max_new_tokens": args.rollout.max_new_tokens,
                            "temperature": args.rollout.temperature, "top_p": args.rollout.top_p}
         pretrain = args.actor.model_name_or_path
-        max_steps = ray.get(self.controller.prepare.remote(ReplayConfig.from_namespace(args).enabled, pretrain,
-                                                           strategy, self.actors, self.engines, generate_kwargs))
-        ray.get(self.actors.async_init_model_from_pretrained(strategy, pretrain, max_steps, self.engines))
-        statuses = ray.get(self.controller.fit.remote(), timeout=timeout_s)
+        schedule_steps = ray.get(self.controller.prepare.remote(ReplayConfig.from_namespace(args).active, pretrain,
+                                                                strategy, self.actors, self.engines, generate_kwargs))
+        ray.get(self.actors.async_init_model_from_pretrained(strategy, pretrain, schedule_steps, self.engines))
+        statuses = ray.get(self.controller.fit.remote(max_prompts), timeout=timeout_s)
         ray.get(self.actors.async_save_model())
         return statuses
 
@@ -202,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             start, load = time.perf_counter(), os.getloadavg()[0]
             print(f"se_session: run {n + 1}/{len(jobs)} {job['name']} starts", flush=True)
             try:
-                statuses = session.run(args, job.get("timeout_s"))
+                statuses = session.run(args, job.get("timeout_s"), job.get("max_prompts"))
             except Exception:
                 (out / "error.txt").write_text(traceback.format_exc())
                 print(f"se_session: run {job['name']} failed; see {out / 'error.txt'}", flush=True)

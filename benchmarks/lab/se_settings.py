@@ -15,7 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 CONDITIONS = ("none", "none_half_prompts", "none_half_lr", "none_2epochs", "none_matched", "age0", "uniform",
               "advantage", "advantage_alpha1", "advantage_alpha2", "advantage_tau2", "advantage_tau40", "naive",
-              "freshness", "success", "exgrpo", "none_df", "uniform_df", "refill")
+              "freshness", "success", "exgrpo", "none_df", "uniform_df", "refill", "skip", "skip_uniform",
+              "skip_refill")
+FIFTH_EDITION = ("none", "uniform", "skip", "skip_uniform", "skip_refill")
+"""The fifth edition's conditions, in the order pre-registered in
+benchmarks/results/sample_efficiency_e5/plan.md (the default --conditions of --edition 5)."""
+FIFTH_KEY = ("none", "skip_refill")
+"""The fifth edition's primary pair: its conditions get `--seeds` seeds, the others `--ablation-seeds`."""
 EDITION = ("none", "uniform", "none_matched", "age0", "none_2epochs", "advantage_alpha1", "advantage_alpha2",
            "exgrpo", "none_df", "uniform_df", "refill")
 """The fourth edition's conditions, in the order pre-registered in
@@ -38,7 +44,12 @@ TRAIN_BATCH = {"none_matched": 42}
 # fewer steps; refill does not, and replay takes the dropped rows (--replay.refill). Every one of
 # them generates the whole pool's rollouts, as GRPO does, so their final scores compare at the
 # same generated rollouts, the dropped ones counted.
-DYNAMIC_FILTERING = ("none_df", "uniform_df", "refill")
+DYNAMIC_FILTERING = ("none_df", "uniform_df", "refill", "skip_refill")
+# GRESO's pre-rollout skipping (--replay.skip): a skipped prompt is not generated, and the loader's
+# next prompt takes its place, so a step still generates 16 groups and a pass is shorter. A
+# skipping run's loader therefore holds more passes (se_command.SKIP_PASSES), and the session ends
+# every run once it has drawn `--steps` steps' prompts: all conditions generate the same rollouts.
+SKIPPING = ("skip", "skip_uniform", "skip_refill")
 # The positive control (se_analysis.POSITIVE_CONTROL): GRPO on half the prompts per step (8 x 8
 # rollouts, one update a step, a pool of half the size so that it too is passed once), whose
 # difference from GRPO at the same step is known in sign, so the sweep shows whether the lab can
@@ -62,6 +73,11 @@ TASK_DEFAULTS = {
 }
 # The smoke test checks the lab's mechanics, not a result: its warm start stops at 0.05 held-out
 # accuracy (450 supervised steps here) where the sweep's goes on to 0.4 (1350 steps, 228 s idle).
+# The fifth edition (chosen in its pilot: benchmarks/results/sample_efficiency_e5/plan.md): prompts
+# return (a pool of 20 x 16 = 320 prompts passed 3 times in 60 steps) so that skipping has histories
+# to read, and a checkpoint every 6 steps (rollouts-to-match in steps of 0.1).
+EDITIONS = {4: {}, 5: {"steps": 60, "pool_steps": 20, "eval_every": 6, "conditions": ",".join(FIFTH_EDITION),
+                       "seeds": 16, "ablation_seeds": 8}}
 QUICK = {"steps": 10, "pool_steps": 5, "eval_every": 5, "seeds": 1, "ablation_seeds": 1,
          "conditions": "none,uniform,none_df", "target_accuracy": 0.05}
 
@@ -72,6 +88,11 @@ class Args:
 
     out_dir: Path | None = None
     """Where the runs and the summary go (default runs/sample_efficiency, + _quick / _add2)."""
+    edition: int = 5
+    """The lab's edition whose settings are the defaults (task `mixed` only; add2 is analysed as
+    the fourth): 5 (skip, refill and replay, prompts returning: plan in
+    results/sample_efficiency_e5/) or 4 (the eleven conditions of results/sample_efficiency/plan.md,
+    a pool passed once)."""
     task: str = "mixed"
     """`mixed` (five bands of spread difficulty) or `add2` (the first edition: two-digit addition,
     its conditions, seeds and settings, so its figures can be rerun)."""
@@ -79,20 +100,22 @@ class Args:
     """The smoke test: one seed of none, uniform, none_df, 10 steps, the pool passed twice, from a
     warm start stopped at 0.05 held-out accuracy (its own cached model)."""
     conditions: str | None = None
-    """Comma-separated conditions (default: the fourth edition's eleven, `EDITION`; add2: the first
-    edition's six). `none` (GRPO) is the baseline and must be among them."""
+    """Comma-separated conditions (default: the edition's, `FIFTH_EDITION` or `EDITION`; add2: the
+    first edition's six). `none` (GRPO) is the baseline and must be among them."""
     seeds: int | None = None
-    """Seeds of the conditions of the key pairs: none, uniform, none_matched, age0, none_2epochs
-    (and, when named, none_half_prompts, none_half_lr, advantage) (default 16; add2: 3)."""
+    """Seeds of the conditions of the key pairs: the fifth edition's primary pair, none and
+    skip_refill; the fourth's none, uniform, none_matched, age0, none_2epochs (and, when named,
+    none_half_prompts, none_half_lr, advantage) (default 16; add2: 3)."""
     ablation_seeds: int | None = None
-    """Seeds of every other condition (default 12; add2: 3)."""
+    """Seeds of every other condition (default: fifth edition 8, fourth 12; add2: 3)."""
     steps: int | None = None
-    """Training steps per run (= rollout batches), the same for every condition (default 50; add2: 48)."""
+    """Training steps per run (= rollout batches), the same for every condition (default: fifth
+    edition 60, fourth 50; add2: 48)."""
     pool_steps: int | None = None
     """Steps per pass over the prompt pool (pool = pool_steps x prompts per step, stratified by
     band; `--train.num_episodes` = steps / pool_steps): a prompt returns every pool_steps steps
-    (default 50 = steps: no prompt returns, so replay's gain cannot come from fitting a small pool;
-    add2: 48)."""
+    (default: fifth edition 20 of 60 steps, each prompt seen 3 times, so that skipping has
+    histories; fourth edition 50 = steps, no prompt returns; add2: 48)."""
     prompts_per_step: int = 16
     """Prompts per step (`--rollout.batch_size`)."""
     group_size: int = 8
@@ -109,7 +132,8 @@ class Args:
     max_new_tokens: int = 16
     """Response limit: an answer is `\\boxed{NNNN}` and the end token, at most ~10 tokens."""
     eval_every: int | None = None
-    """Held-out evaluation every N steps, plus step 0 (the warm start) (default 5; add2: 4)."""
+    """Held-out evaluation every N steps, plus step 0 (the warm start) (default: fifth edition 6,
+    fourth 10; add2: 4)."""
     replay_ratio: float = 0.5
     """Replayed rollouts per fresh rollout once replay starts (docs/METHOD.md default)."""
     replay_warmup: int = 4
@@ -150,11 +174,17 @@ class Args:
     def __post_init__(self) -> None:
         if self.task not in TASK_DEFAULTS:
             raise SystemExit(f"--task {self.task}: use one of {', '.join(TASK_DEFAULTS)}")
-        for name, value in {**TASK_DEFAULTS[self.task], **(QUICK if self.quick else {})}.items():
+        if self.edition not in EDITIONS:
+            raise SystemExit(f"--edition {self.edition}: use one of {', '.join(map(str, EDITIONS))}")
+        if self.task != "mixed":
+            self.edition = 4  # add2 is the first edition's task, analysed with the fourth's pairs
+        edition = EDITIONS[self.edition]
+        for name, value in {**TASK_DEFAULTS[self.task], **edition, **(QUICK if self.quick else {})}.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         if self.out_dir is None:
-            suffix = ("_add2" if self.task == "add2" else "") + ("_quick" if self.quick else "")
+            suffix = ("_add2" if self.task == "add2" else f"_e{self.edition}" if self.edition != 4 else "")
+            suffix += "_quick" if self.quick else ""
             if self.larger_policy:
                 suffix += f"_L{self.policy_layers}W{self.policy_width}"
             self.out_dir = REPO / f"runs/sample_efficiency{suffix}"
@@ -218,6 +248,8 @@ class Args:
         """The conditions whose pre-registered pairs are Holm's family (plan.md): the edition's, whichever
         --conditions this call runs, so a call that runs some of them adjusts as the plan does; the
         second regime's one pair on its own."""
+        if self.edition == 5 and self.task == "mixed":
+            return FIFTH_EDITION
         return ("none", "uniform") if self.larger_policy else EDITION
 
     def train_batch_of(self, cond: str) -> int:
@@ -228,7 +260,8 @@ class Args:
         return int(self.prompts_per_step * PROMPTS_SCALE.get(cond, 1.0))
 
     def seeds_of(self, cond: str) -> int:
-        return self.seeds if cond in KEY else self.ablation_seeds
+        key = FIFTH_KEY if self.edition == 5 and self.task == "mixed" else KEY
+        return self.seeds if cond in key else self.ablation_seeds
 
 
 def parse_args(argv=None) -> Args:

@@ -375,8 +375,9 @@ def _flag(cmd, name):
 
 
 def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in_replay_and_epochs():
-    a = se.parse_args(["--out-dir", "/tmp/unused"])
-    commands = {c: se.train_command(a, c, 3, Path("m"), Path("d"), Path("r")) for c in se.CONDITIONS}
+    a = se.parse_args(["--edition", "4", "--out-dir", "/tmp/unused"])
+    commands = {c: se.train_command(a, c, 3, Path("m"), Path("d"), Path("r")) for c in se.CONDITIONS
+                if c not in se.SKIPPING}  # their loader and warm-up: test_lab_fifth.py
     controls = ("--actor.adam.lr", "--rollout.batch_size", "--data.max_samples", "--train.batch_size",
                 "--train.micro_batch_size")
     switches = ("--train.colocate_all", "--vllm.enforce_eager", "--ckpt.save_hf", "--ckpt.disable_ds",
@@ -392,7 +393,7 @@ def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in
     # what the controls change: LR (none_half_lr), and half the prompts per step from a pool of half
     # the size (none_half_prompts: still 50 steps, one pass); 50 steps x 16 prompts: no prompt returns
     # and none_matched's training batch of 42: 3 optimizer steps a step, as replay's
-    expected = {c: ("0.0001", "16", "800", "64", "64") for c in se.CONDITIONS}
+    expected = {c: ("0.0001", "16", "800", "64", "64") for c in commands}
     expected |= {"none_half_lr": ("5e-05", "16", "800", "64", "64"),
                  "none_half_prompts": ("0.0001", "8", "400", "64", "64"),
                  "none_matched": ("0.0001", "16", "800", "42", "42")}
@@ -405,7 +406,8 @@ def test_every_condition_has_the_same_prompts_steps_and_seed_and_differs_only_in
     # dynamic filtering (upstream's, dropping groups of equal rewards) in exactly its three conditions
     assert {c for c, cmd in commands.items() if "--algo.dynamic_filtering_enable" in cmd} == \
         {"none_df", "uniform_df", "refill"}
-    assert all(_flag(commands[c], "--algo.dynamic_filtering_range") == "0" for c in se.DYNAMIC_FILTERING)
+    assert all(_flag(commands[c], "--algo.dynamic_filtering_range") == "0" for c in commands
+               if c in se.DYNAMIC_FILTERING)
 
 
 def test_condition_flags_of_the_ablations_and_rlep():
@@ -438,17 +440,17 @@ def test_a_run_is_complete_when_its_steps_generated_every_planned_rollout():
 
 
 def test_args_defaults_per_task_and_checks():
-    full = se.parse_args(["--out-dir", "/tmp/unused"])
+    full = se.parse_args(["--edition", "4", "--out-dir", "/tmp/unused"])
     # the plan's: the five conditions of the key pairs at 16 seeds, the other six at 12
     assert full.condition_list == list(se.EDITION) and full.eval_every == 10
     assert sum(full.seeds_of(c) for c in full.condition_list) == 5 * 16 + 6 * 12
     assert "none_half_prompts" not in full.condition_list  # the third edition's control, run when named
-    large = se.parse_args(["--policy-layers", "4", "--policy-width", "192"])
+    large = se.parse_args(["--edition", "4", "--policy-layers", "4", "--policy-width", "192"])
     assert large.out_dir.name == "sample_efficiency_L4W192"
     assert (large.warm_start_config.num_hidden_layers, large.warm_start_config.hidden_size,
             large.warm_start_config.intermediate_size) == (4, 192, 768)
     # Holm's family is the plan's whichever conditions a call runs; the second regime's pair is its own
-    assert se.parse_args(["--conditions", "none,uniform"]).holm_conditions == se.EDITION
+    assert se.parse_args(["--edition", "4", "--conditions", "none,uniform"]).holm_conditions == se.EDITION
     assert large.holm_conditions == ("none", "uniform")
     with pytest.raises(SystemExit, match="multiple of 64"):
         se.parse_args(["--policy-width", "160"])
@@ -528,21 +530,47 @@ def test_a_tokenizer_that_merged_digits_is_refused():
 def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     out = tmp_path / "quick"
     quick = [sys.executable, str(ROOT / "benchmarks/lab/sample_efficiency.py"), "--quick", "--out-dir", str(out),
-             "--conditions", "none,age0,none_df,refill,success", "--archive", str(tmp_path / "kept.json.gz")]
+             "--conditions", "none,age0,none_df,refill,success,skip_refill", "--archive", str(tmp_path / "kept.json.gz")]
     env = {**__import__("os").environ, "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=1500, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     conds = summary["conditions"]
-    assert list(conds) == ["none", "age0", "none_df", "refill", "success"]
-    for cond in ("age0", "refill", "success"):
+    assert list(conds) == ["none", "age0", "none_df", "refill", "success", "skip_refill"]
+    for cond in ("age0", "refill", "success", "skip_refill"):
         assert conds[cond]["replayed_per_step"] > 0  # replay really happened
-    assert set(summary["pairs"]) == {"age0_vs_none", "refill_vs_none_df", "none_df_vs_none"}
+    assert set(summary["pairs"]) == {"skip_refill_vs_none"}  # the fifth edition's pairs among these conditions
     # the pool of 80 prompts passed twice: every condition generates its 1,280 rollouts, filtering's
     # dropped groups counted, and none_df (new prompts for dropped groups) gets there in fewer steps
     assert {c: s["total_rollouts"] for c, s in conds.items() if c != "success"} == \
-        {"none": 1280, "age0": 1280, "none_df": 1280, "refill": 1280}
+        {"none": 1280, "age0": 1280, "none_df": 1280, "refill": 1280, "skip_refill": 1280}
     runs = {r["condition"]: r for r in json.load(__import__("gzip").open(out / "runs.json.gz", "rt"))}
+    _check_the_quick_runs(runs)
+    assert len(summary["conditions"]["none"]["final_acc_by_band"]) == 5
+    assert summary["warm_start"]["pool_size"] == 80
+    # the primary metric: avg@8 at the rollout temperature, greedy beside it, in every evaluation
+    assert summary["primary_metric"] == {"name": "held-out avg@8", "temperature": 1.0, "samples_per_problem": 8}
+    evals = [e for r in runs.values() for e in r["evals"]]
+    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["accuracy_greedy"] <= 1 for e in evals)
+    assert any(e["accuracy"] != e["accuracy_greedy"] for e in evals)  # two measurements, not one copied
+    assert "final_acc_greedy" in summary["pairs"]["skip_refill_vs_none"] and "grpo_gain" in summary
+    assert summary["provenance"]["grader"]["math-verify"] and summary["provenance"]["git_commit"]
+    for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz",
+                 "zero_variance.png"):
+        assert (out / name).is_file(), name
+    assert "training 5 run(s) in one session" in proc.stdout
+    # RLEP's pool is decoded by GRPO seed 1's final model, after that run and before `success` trains
+    pool = out / "data" / "success_pool.npz"
+    assert "success: RLEP's pool from none_seed1's model" in proc.stdout and pool.is_file()
+    assert proc.stdout.index("RLEP's pool") > proc.stdout.index("none_seed1: trained")
+    assert proc.stdout.index("RLEP's pool") < proc.stdout.index("training 1 run(s) in one session")
+    assert load_pool(pool).successes_per_prompt()
+    assert _flag((out / "runs/success_seed1/command.sh").read_text().split(), "--replay.success_pool") == str(pool)
+    _check_the_archive_and_the_resume(quick, out, tmp_path, conds, env)
+
+
+def _check_the_quick_runs(runs: dict) -> None:
+    """What each quick run did, step by step (test_the_quick_sweep_trains_evaluates_and_summarises)."""
     # refill generates no replacement prompt, so it takes the planned 10 steps, one fewer for a step
     # whose groups were all dropped (upstream skips it; its prompts count with the next step's)
     assert len(runs["none_df"]["steps"]) < len(runs["refill"]["steps"]) <= 10
@@ -555,34 +583,27 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
                                                      for s in age0]
     assert sum(s["replayed_rollouts"] > 0 for s in age0) >= len(age0) // 2
     assert all(s["replay"]["replay/age_mean"] == 0 for s in age0)
-    assert len(summary["conditions"]["none"]["final_acc_by_band"]) == 5
-    assert summary["warm_start"]["pool_size"] == 80
-    # the primary metric: avg@8 at the rollout temperature, greedy beside it, in every evaluation
-    assert summary["primary_metric"] == {"name": "held-out avg@8", "temperature": 1.0, "samples_per_problem": 8}
-    evals = [e for r in json.load(__import__("gzip").open(out / "runs.json.gz", "rt")) for e in r["evals"]]
-    assert all(0 <= e["accuracy"] <= 1 and 0 <= e["accuracy_greedy"] <= 1 for e in evals)
-    assert any(e["accuracy"] != e["accuracy_greedy"] for e in evals)  # two measurements, not one copied
-    assert "final_acc_greedy" in summary["pairs"]["age0_vs_none"] and "grpo_gain" in summary
-    assert summary["provenance"]["grader"]["math-verify"] and summary["provenance"]["git_commit"]
-    for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz"):
-        assert (out / name).is_file(), name
-    assert "training 4 run(s) in one session" in proc.stdout
-    # RLEP's pool is decoded by GRPO seed 1's final model, after that run and before `success` trains
-    pool = out / "data" / "success_pool.npz"
-    assert "success: RLEP's pool from none_seed1's model" in proc.stdout and pool.is_file()
-    # a later checkout (another output dir) restores every run from the archive and trains none
+    # skipping: its loader holds 3 x the passes and the session stops it after 10 steps; the second
+    # pass skips prompts whose first group had equal rewards; every group generated is counted
+    skip = runs["skip_refill"]["steps"]
+    assert len(skip) <= 10 and sum(s["replay"].get("replay/skip_skipped_prompts", 0) for s in skip) > 0
+    for run in runs.values():
+        steps = run["steps"]
+        assert sum(s["groups"] for s in steps) * 8 == sum(s["generated_rollouts"] for s in steps)
+        assert all(0 <= s["zero_variance_groups"] <= s["groups"] for s in steps)
+        assert all(s["generated_tokens"] >= s["groups"] * 8 for s in steps)  # at least the end token each
+
+
+def _check_the_archive_and_the_resume(quick: list, out: Path, tmp_path: Path, conds: dict, env: dict) -> None:
+    """A later checkout restores every run from the archive; a rerun of the same call redoes nothing."""
     again = subprocess.run([*quick[:quick.index("--out-dir") + 1], str(tmp_path / "again"),
                             *quick[quick.index("--out-dir") + 2:]], cwd=ROOT, capture_output=True, text=True,
                            timeout=600, env=env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "5 finished run(s) restored" in again.stdout and "in one session" not in again.stdout
+    assert "6 finished run(s) restored" in again.stdout and "in one session" not in again.stdout
     restored = json.loads(again.stdout.strip().splitlines()[-1])["conditions"]
     assert {c: (s["total_rollouts"], s["final_acc_by_band"]) for c, s in restored.items()} == \
         {c: (s["total_rollouts"], s["final_acc_by_band"]) for c, s in conds.items()}
-    assert proc.stdout.index("RLEP's pool") > proc.stdout.index("none_seed1: trained")
-    assert proc.stdout.index("RLEP's pool") < proc.stdout.index("training 1 run(s) in one session")
-    assert load_pool(pool).successes_per_prompt()
-    assert _flag((out / "runs/success_seed1/command.sh").read_text().split(), "--replay.success_pool") == str(pool)
     # resuming redoes nothing: every run is DONE with the same command, so no session starts
     session_log = (out / "session.log").read_text()
     again = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -1,0 +1,107 @@
+"""The lab's fifth edition: its conditions' commands (skipping's loader and warm-up, the launcher
+accepting each), the session's count of what generation made, and a trained run graded on resume.
+The conditions train end to end in test_sample_efficiency.py's quick sweep."""
+import json
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks/lab")]
+
+import sample_efficiency as se  # noqa: E402
+import se_command  # noqa: E402
+from se_session import GenerationTally  # noqa: E402
+
+
+def _flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_the_fifth_editions_defaults_and_primary_pair():
+    a = se.parse_args([])
+    assert a.condition_list == list(se.FIFTH_EDITION) and a.out_dir.name == "sample_efficiency_e5"
+    assert (a.steps, a.pool_steps, a.eval_every, a.pool_size) == (60, 20, 6, 320)  # every prompt 3 times
+    assert {c: a.seeds_of(c) for c in a.condition_list} == \
+        {"none": 16, "uniform": 8, "skip": 8, "skip_uniform": 8, "skip_refill": 16}
+    assert se.parse_args(["--edition", "4"]).condition_list == list(se.EDITION)
+
+
+def test_skipping_runs_get_more_passes_and_the_same_lr_warm_up():
+    a = se.parse_args(["--out-dir", "/tmp/unused"])
+    cmds = {c: se.train_command(a, c, 2, Path("m"), Path("d"), Path("r")) for c in se.FIFTH_EDITION}
+    assert {c for c, cmd in cmds.items() if "--replay.skip" in cmd} == set(se.SKIPPING) & set(cmds)
+    assert {c: _flag(cmd, "--train.num_episodes") for c, cmd in cmds.items()} == \
+        {"none": "3", "uniform": "3", "skip": "9", "skip_uniform": "9", "skip_refill": "9"}
+    # upstream sizes the schedule from the passes: 3 x the optimizer steps, a third of the ratio
+    warm_up = {}
+    for c, cmd in cmds.items():
+        schedule = int(_flag(cmd, "--train.num_episodes")) * a.pool_size * a.group_size // a.train_batch
+        warm_up[c] = math.ceil(schedule * float(_flag(cmd, "--actor.lr_warmup_ratio")))
+    assert set(warm_up.values()) == {4}, warm_up  # ceil(0.03 x 120) optimizer steps for every condition
+    assert "--algo.dynamic_filtering_enable" in cmds["skip_refill"] and "--replay.refill" in cmds["skip_refill"]
+    assert se.condition_flags("skip_uniform", a) == [*se.condition_flags("uniform", a), "--replay.skip"]
+
+
+def test_the_launcher_accepts_every_fifth_edition_command():
+    from openrlhf_replay.cli.validate import resolve_training, split_command
+
+    a = se.parse_args(["--out-dir", "/tmp/unused"])
+    for cond in se.FIFTH_EDITION:
+        module, argv = split_command(se.train_command(a, cond, 1, ROOT / "m", ROOT / "d.jsonl", Path("/tmp/r")))
+        args, _ = resolve_training(module, argv)
+        assert args.train.num_episodes in (3, 9), cond
+
+
+class _Generator:
+    """The two methods of upstream's samples generator the tally wraps (their real counterparts
+    run in the quick sweep): a call returns its samples and the prompts drawn."""
+
+    def __init__(self, group_size):
+        self.args = SimpleNamespace(rollout=SimpleNamespace(n_samples_per_prompt=group_size))
+
+    def generate_samples(self, **kwargs):
+        return [], None, kwargs["prompts"], False
+
+    def _process_response_into_experience(self, response, **kwargs):
+        return SimpleNamespace(prompts=[response["prompt"]], response_length=torch.tensor([response["length"]]))
+
+
+def test_the_tally_counts_tokens_groups_and_zero_variance_groups_per_step():
+    gen, tally = _Generator(group_size=2), GenerationTally()
+    tally.install(gen)
+    for prompt, rewards in (("a", (1.0, 1.0)), ("b", (0.0, 1.0)), ("c", (0.0, 0.0))):
+        for r in rewards:
+            gen._process_response_into_experience({"prompt": prompt, "reward": r, "length": 3})
+    gen._process_response_into_experience({"prompt": "d", "reward": 1.0, "length": 5})  # its group is not complete
+    gen.generate_samples(prompts=4)
+    assert tally.take() == {"lab/prompts_consumed": 4, "lab/generated_tokens": 23, "lab/groups": 3,
+                            "lab/zero_variance_groups": 2}
+    gen._process_response_into_experience({"prompt": "d", "reward": 0.0, "length": 1})
+    assert tally.take() == {"lab/prompts_consumed": 0, "lab/generated_tokens": 1, "lab/groups": 1,
+                            "lab/zero_variance_groups": 0}
+
+
+def test_the_tally_ends_a_run_once_its_prompts_are_drawn():
+    gen, tally = _Generator(group_size=2), GenerationTally(max_prompts=32)
+    tally.install(gen)
+    assert [gen.generate_samples(prompts=16)[2:] for _ in range(3)] == [(16, False), (16, False), (0, True)]
+    assert tally.take()["lab/prompts_consumed"] == 32
+
+
+def test_a_run_trained_and_not_graded_is_graded_on_resume_not_retrained(tmp_path):
+    a = se.parse_args(["--out-dir", str(tmp_path)])
+    cmd = se.train_command(a, "skip", 1, Path("m"), Path("d"), se.run_dir_of(a, "skip", 1))
+    run_dir = se.run_dir_of(a, "skip", 1)
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "command.sh").write_text(se_command.command_script(cmd))
+    assert se.finished_record(a, "skip", 1, cmd) is None and not run_dir.exists()  # training unfinished
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "command.sh").write_text(se_command.command_script(cmd))
+    (run_dir / "steps.json").write_text(json.dumps({"steps": []}))
+    assert se.finished_record(a, "skip", 1, cmd) == "trained"
+    other = se.train_command(a, "skip", 2, Path("m"), Path("d"), run_dir)
+    assert se.finished_record(a, "skip", 1, other) is None and not run_dir.exists()  # another command
