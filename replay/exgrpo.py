@@ -21,16 +21,18 @@ training script `exp_scripts/run_exgrpo.sh` runs them (K = 8 rollouts per questi
   to its probability; within a bucket questions are drawn uniformly without replacement.
 - *Trajectory choice* (ref: `experience/experience_helpers.py:compute_postcal_metrics`,
   `select_best_experiences`): of the drawn question's stored correct trajectories, the one of
-  lowest mean per-token entropy under the *current* policy (a forward pass over every candidate
-  at draw time), first of equals.
+  lowest mean entropy under the *current* policy (a forward pass over every candidate at draw
+  time), first of equals. Its mask, `~(responses != pad_token_id)`, takes the mean over the
+  padding after the response, not over its tokens (docs/METHOD.md section 3, ExGRPO).
 
 What a numpy core can do: it never runs the policy, so the trajectory choice here ranks by what
 the store holds, each trajectory's mean log-prob under the policy that generated it
 (`trajectory_scores`: exp(mean log pi_b) = 1 / perplexity, kept as the rollout's stored priority
 by the on-insert hook, highest chosen). That is the lowest mean sampled-token surprisal
 -log pi_b(o_t), a one-sample estimate of the entropy at each position, under the behaviour
-policy rather than the current one. The reference's own alternative metric (`exp_metric=ppl`) is
-this perplexity, under the current policy. Exact fidelity needs the integration to compute each
+policy rather than the current one, and over the response's own tokens, as the paper describes it.
+The reference's own alternative metric (`exp_metric=ppl`) is this perplexity, under the current
+policy (its code uses the same pad mask). Exact fidelity needs the integration to compute each
 candidate's mean entropy under the current weights before the choice (the reference's cost: one
 forward over every stored success of every drawn question).
 

@@ -2,12 +2,15 @@
 
 The reference trains a replayed trajectory's tokens on -A f(w) with f(w) = w / (w + beta),
 beta = 0.1, and no clip (ElliottYan/LUFFY, ExGRPO `exp_scripts/run_exgrpo.sh`:
-`off_policy_reshape="p_div_p_0.1"`, `loss_remove_clip=True`; the loss is LUFFY's
-`verl/mix_src/mix_core_alg.py:compute_token_on_off_policy_loss`, whose `p_div_p_0.1` branch
-takes w = pi_theta(o_t), i.e. the behaviour probability set to 1; the ExGRPO paper writes w as
-the ratio to the stored behaviour policy, which `exp_is_correct=True` records). f' = beta / (w +
-beta)^2 shrinks the gradient of tokens the policy already favours and keeps that of
-low-probability ones, with a bounded loss in place of a clip.
+`off_policy_reshape="p_div_p_0.1"`, `loss_remove_clip=True`, `exp_is_correct=True`). w is the
+ratio to the stored behaviour policy, exp(log pi_theta - log pi_old), as here and in the paper:
+`exp_is_correct=True` puts the recorded log-probs in `old_log_probs`
+(`experience/experience_trainer_ops.py:replace_recorded_old_log_probs`), and ExGRPO's
+`mix_core_alg.py:compute_token_on_off_policy_loss` shapes that ratio (issue #48; that file is not in
+our search index). LUFFY's own `mix_core_alg.py` takes w = pi_theta(o_t) instead, the behaviour
+probability set to 1 (docs/METHOD.md section 3, ExGRPO, difference 5). f' = beta / (w + beta)^2
+shrinks the gradient of tokens the policy already favours and keeps that of low-probability ones,
+with a bounded loss in place of a clip.
 
 Upstream's `PolicyLoss` cannot express it: its per-token loss is -min(w A, clip(w) A) for every
 row alike, with no per-row flag, and matching -A f(w) through its inputs would need an
@@ -34,7 +37,7 @@ def shaped_tokens(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantag
                   action_mask: torch.Tensor, replayed: torch.Tensor, beta: float = SHAPING_BETA) -> torch.Tensor:
     """(B, T) per-token loss: -A f(w) with w = exp(log_probs - old_log_probs) on the action tokens
     of replayed rows (`replayed`: (B,) bool), 0 elsewhere. `old_log_probs` is the stored behaviour
-    log-prob (the paper's w); zeros give the reference code's w = pi_theta."""
+    log-prob (the reference's and the paper's w); zeros give LUFFY's w = pi_theta."""
     if replayed.shape != log_probs.shape[:1]:
         raise ValueError(f"replayed must be one flag per row, shape ({log_probs.shape[0]},), got {tuple(replayed.shape)}")
     w = (log_probs - old_log_probs).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()

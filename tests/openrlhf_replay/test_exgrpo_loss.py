@@ -2,8 +2,8 @@
 hand-computed tensors, and its composition with upstream's real `PolicyLoss`.
 
 Hand values: w = 0.5 / 0.25 = 2 gives f(w) = 2 / 2.1 = 0.952381 and d(-A f(w)) / d log pi =
--A beta w / (w + beta)^2 = -0.1 * 2 / 4.41 = -0.045351 for A = 1; the reference code's form
-(old log-prob 0) at pi = 0.3 gives f = 0.3 / 0.4 = 0.75.
+-A beta w / (w + beta)^2 = -0.1 * 2 / 4.41 = -0.045351 for A = 1; LUFFY's form (old log-prob 0,
+w = pi_theta; ExGRPO's reference takes the ratio, as here) at pi = 0.3 gives f = 0.3 / 0.4 = 0.75.
 """
 import math
 
