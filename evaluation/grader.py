@@ -11,7 +11,8 @@ from scripts without an `if __name__ == "__main__":` guard.
 sample gets exactly one verdict.
 
 The verdict itself is `evaluation.verify.grade_detailed` (parse, then verify), run in worker
-processes (`evaluation.grader_worker`); this module is the pool that bounds it in time.
+processes (`evaluation.grader_worker`); this module is the pool that bounds it in time, and
+`evaluation.grader_queue` the samples waiting in it for a worker.
 
 `shared_grader()` (behind `grade()`) also keeps a fast-lane worker that takes only samples whose
 gold and last box are plain numbers, so a plain answer is never queued behind pathological ones.
@@ -19,9 +20,7 @@ gold and last box are plain numbers, so a plain answer is never queued behind pa
 from __future__ import annotations
 
 import atexit
-import collections
 import concurrent.futures
-import heapq
 import itertools
 import logging
 import math
@@ -36,6 +35,7 @@ from concurrent.futures import Future
 from typing import Iterable
 
 from evaluation.extraction import looks_plain
+from evaluation.grader_queue import TaskQueue
 from evaluation.grader_worker import GraderStartupError, Task, Worker
 from evaluation.verify import Graded, Verdict
 
@@ -135,10 +135,7 @@ class Grader:
         self.n_crashes = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._pending: collections.OrderedDict[int, Task] = collections.OrderedDict()
-        # Ids of queued fast tasks, oldest first; an id whose task has left _pending is skipped.
-        self._fast_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, task id), queued tasks
+        self._queue = TaskQueue()  # under self._lock
         self._ids = itertools.count()
         self._workers: list[Worker] = []  # replaced and changed only by the dispatcher
         self._closing = False
@@ -193,13 +190,8 @@ class Grader:
                 raise self._broken
             if self._closing:
                 raise RuntimeError("Grader is closed")
-            task = Task(next(self._ids), future, response, gold, limit,
-                         math.inf if deadline is None else deadline, fast)
-            self._pending[task.id] = task
-            if fast:
-                self._fast_ids[task.id] = None
-            if deadline is not None:
-                heapq.heappush(self._deadlines, (deadline, task.id))
+            self._queue.push(Task(next(self._ids), future, response, gold, limit,
+                                  math.inf if deadline is None else deadline, fast))
         self.start()
         self._wake()
         return future
@@ -225,6 +217,11 @@ class Grader:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"grader workers not ready after {timeout_s:.0f} s")
             time.sleep(0.02)
+
+    @property
+    def queued(self) -> int:
+        """Samples waiting for a worker (not yet handed to one)."""
+        return len(self._queue)
 
     def worker_pids(self, grading: bool = False) -> list[int]:
         """Process ids of the current workers (ready or starting); with `grading`, only of those
@@ -314,21 +311,14 @@ class Grader:
                     w.task.future.set_exception(RuntimeError("Grader closed while grading"))
                 w.stop()
             with self._lock:
-                pending, self._pending = list(self._pending.values()), collections.OrderedDict()
-                self._fast_ids.clear()
+                pending = self._queue.drain()
             for task in pending:
                 task.future.set_exception(error)
 
     def _expire_queued(self) -> None:
         """TIMEOUT for queued tasks whose deadline passed before a worker was free for them."""
-        now, expired = time.monotonic(), []
         with self._lock:
-            while self._deadlines and self._deadlines[0][0] <= now:
-                task_id = heapq.heappop(self._deadlines)[1]
-                task = self._pending.pop(task_id, None)
-                self._fast_ids.pop(task_id, None)
-                if task is not None:  # else it was taken by a worker in time
-                    expired.append(task)
+            expired = self._queue.expire(time.monotonic())
         for task in expired:
             self.n_timeouts += 1
             task.future.set_result(Graded(Verdict.TIMEOUT, None))
@@ -340,7 +330,7 @@ class Grader:
             if not (w.ready and w.task is None):
                 continue
             with self._lock:
-                task = self._next_task(w.fast_lane)
+                task = self._queue.pop(w.fast_lane)
             if task is None:
                 continue
             try:
@@ -351,38 +341,19 @@ class Grader:
             w.task, w.took = task, False
             w.deadline = min(time.monotonic() + task.limit_s, task.deadline)
 
-    def _next_task(self, fast_only: bool) -> Task | None:
-        """Pop the oldest queued task (the oldest fast one with `fast_only`); call under the lock."""
-        if not fast_only:
-            if not self._pending:
-                return None
-            _, task = self._pending.popitem(last=False)
-            self._fast_ids.pop(task.id, None)
-            return task
-        while self._fast_ids:
-            task = self._pending.pop(self._fast_ids.popitem(last=False)[0], None)
-            if task is not None:
-                return task
-        return None
-
     def _requeue(self, task: Task) -> None:
         """Put a task no worker has read back at the head of the queue, under its deadline."""
         with self._lock:
-            self._pending[task.id] = task
-            self._pending.move_to_end(task.id, last=False)
-            if task.fast:
-                self._fast_ids[task.id] = None
-                self._fast_ids.move_to_end(task.id, last=False)
-            if task.deadline < math.inf:
-                heapq.heappush(self._deadlines, (task.deadline, task.id))
+            self._queue.push(task, first=True)
 
     def _wait_s(self) -> float | None:
         """Seconds until the nearest task deadline or start-up limit; None if there is none."""
         deadlines = [w.deadline for w in self._workers if w.task] + [
             w.started + self.STARTUP_LIMIT_S for w in self._workers if not w.ready]
         with self._lock:
-            if self._deadlines:
-                deadlines.append(self._deadlines[0][0])
+            queued = self._queue.next_deadline()
+        if queued is not None:
+            deadlines.append(queued)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
     def _service(self, w: Worker, readable: bool) -> str:

@@ -38,7 +38,7 @@ from infra.errors import UserError
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 HARNESS_SOURCES = ("evaluation/benchmarks.py", "evaluation/generation.py", "evaluation/grader.py",
-                   "evaluation/verify.py", "infra/models.py", "evaluation/prompting.py")
+                   "evaluation/grader_queue.py", "evaluation/verify.py", "infra/models.py", "evaluation/prompting.py")
 """Source files (from the repository root) whose changes can change samples or grades (reports
 are recomputed anyway); recorded under their file names."""
 SOFTWARE = ("math-verify", "latex2sympy2_extended", "sympy", "torch", "transformers", "vllm",

@@ -1,5 +1,6 @@
 """No file-level import circle among the product's modules (a circle hid behind a TYPE_CHECKING
-import between evaluation/comparison.py and its CSV writer until issue #37)."""
+import between evaluation/comparison.py and its CSV writer until issue #37), and no import that
+climbs from a lower layer to a higher one (trainer/ imported cli/ until issue #48)."""
 import ast
 from pathlib import Path
 
@@ -63,6 +64,31 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_product_has_no_import_circle():
     assert circles(import_graph()) == []
+
+
+# What each lower part must not import: the pure core nothing of the rest; the method (trainer/) and
+# what it reads prompt files with (datasets/) not what drives them (the launcher, the rehearsal, the
+# CPU platform); evaluation/ and infra/ stand beside the integration and below it.
+DRIVERS = ("openrlhf_replay.cli", "openrlhf_replay.rehearsal", "openrlhf_replay.cpu", "benchmarks")
+FORBIDDEN = {
+    "replay": ("openrlhf_replay", "evaluation", "infra", "benchmarks"),
+    "openrlhf_replay.trainer": DRIVERS,
+    "openrlhf_replay.datasets": DRIVERS + ("openrlhf_replay.trainer",),
+    "evaluation": ("openrlhf_replay", "benchmarks"),
+    "infra": ("replay", "openrlhf_replay", "evaluation", "benchmarks"),
+}
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_no_import_climbs_from_a_lower_layer():
+    graph = import_graph()
+    climbs = sorted(f"{source} -> {target}" for source, targets in graph.items() for target in targets
+                    for lower, higher in FORBIDDEN.items()
+                    if _within(source, lower) and any(_within(target, h) for h in higher))
+    assert climbs == []
 
 
 def test_a_circle_is_found():

@@ -1,4 +1,6 @@
-"""The README's promises that code can check: its two commands, its runnable snippet, its flags table."""
+"""What the README and docs/ promise that code can check: the README's two commands and its length,
+the runnable snippet and the map from the method to the code (docs/CODE.md), the flags tables
+(the README's and docs/FLAGS.md), and that every link among them leads somewhere."""
 import contextlib
 import dataclasses
 import io
@@ -7,12 +9,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+FRONT_PAGE_LINES = 250  # the README is a front page: detail goes to docs/ (issue #48)
 
 
-def _section(heading: str) -> str:
-    start = README.index(heading)
-    end = README.find("\n## ", start + len(heading))
-    return README[start:end if end > 0 else None]
+def _section(heading: str, text: str = README) -> str:
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end > 0 else None]
+
+
+def _doc(name: str) -> str:
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
 
 
 def test_the_two_commands_come_first_and_ci_runs_the_test_command():
@@ -23,8 +30,13 @@ def test_the_two_commands_come_first_and_ci_runs_the_test_command():
     assert "bash scripts/test.sh" in (ROOT / ".ci/run").read_text()
 
 
+def test_the_readme_stays_a_front_page():
+    lines = README.count("\n")
+    assert lines <= FRONT_PAGE_LINES, f"README.md has {lines} lines: move detail into docs/"
+
+
 def test_the_replay_snippet_runs_as_printed(tmp_path, monkeypatch):
-    code = re.search(r"```python\n(.*?)```", _section("## Using `replay/` on its own"), re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", _section("## Using `replay/` on its own", _doc("CODE.md")), re.S).group(1)
     monkeypatch.chdir(tmp_path)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -39,15 +51,25 @@ def test_the_replay_snippet_runs_as_printed(tmp_path, monkeypatch):
 def test_every_replay_flag_is_in_the_flags_table():
     from replay import ReplayConfig
 
-    flags = _section("## Flags")
+    flags = _section("## Every replay flag", _doc("FLAGS.md"))
     missing = [f.name for f in dataclasses.fields(ReplayConfig) if f"`--replay.{f.name}`" not in flags]
-    assert not missing, f"README's flags table lacks {missing}"
+    assert not missing, f"docs/FLAGS.md's table lacks {missing}"
+
+
+def test_every_flag_the_readme_names_exists():
+    from replay import ReplayConfig
+
+    named = re.findall(r"`--replay\.(\w+)", _section("## The flags that matter"))
+    assert len(named) >= 5
+    unknown = sorted(set(named) - {f.name for f in dataclasses.fields(ReplayConfig)})
+    assert not unknown, f"the README names flags that do not exist: {unknown}"
 
 
 def test_every_name_in_the_map_from_method_to_code_is_defined_there():
     """In each cell, `path.py:name` names a file and something defined in it, a bare `name` one more
     in the last file, and a path without the folder is in the last file's folder."""
-    rows = [line for line in _section("## Layout").splitlines() if line.startswith("| ") and ".py" in line]
+    table = _section("## Where each part of the method lives", _doc("CODE.md"))
+    rows = [line for line in table.splitlines() if line.startswith("| ") and ".py" in line]
     assert len(rows) >= 10
     missing, path = [], None
     for cell in (line.split("|")[2] for line in rows):
@@ -100,3 +122,26 @@ def test_every_file_and_name_method_cites_is_defined_there():
             continue
         folder, checked = path.parent, checked + 1
     assert checked >= 40 and not missing, missing
+
+
+def _anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_of_the_readme_and_docs_leads_somewhere():
+    """Each relative link of README.md and docs/*.md names a file or folder that exists, and an
+    anchor into a markdown file names one of its headings (code blocks are not read)."""
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            headings = re.findall(r"^#+ (.+)$", dest.read_text(encoding="utf-8"), re.M) \
+                if dest.suffix == ".md" and dest.is_file() else []
+            if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in map(_anchor, headings)):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken

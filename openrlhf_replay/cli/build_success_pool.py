@@ -30,7 +30,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from evaluation.generation import VLLMBackend
-from openrlhf_replay.cli.prompts import file_rows, prompt_file_problems
+from openrlhf_replay.cli.prompts import prompt_file_problems
+from openrlhf_replay.datasets.prompt_files import file_rows
 from openrlhf_replay.trainer.ppo_utils.success_pool import (max_prompt_len, prompt_token_ids, prompt_uids,
                                                             tokenizer_fingerprint, upstream_preprocess_data)
 from replay.pool import POOL_VERSION, SuccessPool, SuccessPoolError, save_pool

@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import shlex
-import statistics
 import tempfile
 import time
 import traceback
@@ -28,7 +28,7 @@ from openrlhf_replay.cli.validate import (REPLAY_CLI, UPSTREAM_CLI, Invalid, fla
 from openrlhf_replay.cpu import DEVICE_ENV, _hook
 from openrlhf_replay.rehearsal.async_run import build_controller, controller_class, install_generation
 from openrlhf_replay.rehearsal.pool import build_stand_in_pool, missing_pool
-from openrlhf_replay.rehearsal.report import off_policy, replay_distribution, spread
+from openrlhf_replay.rehearsal.report import off_policy, run_report, shape_report, step_figures, warmup_steps
 from openrlhf_replay.rehearsal.standins import (Generation, Rank, Settings, Shadow, ShadowRank, actor_group,
                                                 in_process_object_store, write_tokenizer)
 from openrlhf_replay.utils import world_size
@@ -72,9 +72,11 @@ def _controller_class(module: str, args):
 
 def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings, rng, record: Record,
            shadows: list[Shadow]):
-    """The controller, as upstream's `train()` builds it, over the stand-in ranks and generation."""
+    """The controller, as upstream's `train()` builds it, over the stand-in ranks and generation; on
+    a copy of `args`, so a rebuild starts from the arguments the first build had."""
     from openrlhf.utils import get_strategy
 
+    args = copy.deepcopy(args)
     duplicate = args.ds.ring_attn_size * args.ds.tensor_parallel_size
     reference = None
     if args.algo.kl.init_coef > 0:  # KL needs the reference model's log-probs: stand-in ranks give them
@@ -106,7 +108,7 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
         # Upstream logs (and checkpoints) this step as global_step + 1; the buffer's step is global_step.
         record.crash_step = global_step + 1
         status, next_step = step_fn(rollout_samples, global_step)
-        record.steps.append({"step": next_step, "episode": record.episode, **_step_figures(status, ranks)})
+        record.steps.append({"step": next_step, "episode": record.episode, **step_figures(status, ranks)})
         for shadow in shadows:
             shadow.step(len(rollout_samples), getattr(training.experience_maker, "composition", None), next_step)
         return status, next_step
@@ -123,26 +125,6 @@ def _build(cls, args, tokenizer_dir: Path, ranks: list[Rank], settings: Settings
 
     training.train_step, training.save_logs_and_checkpoints = train_step, save_logs_and_checkpoints
     return trainer
-
-
-def _step_figures(status: dict, ranks: list[Rank]) -> dict:
-    per_rank = [r.steps[-1] for r in ranks]
-    return {
-        "fresh": int(status.get("rollout/num_samples", 0)),
-        "replayed": int(status.get("replay/replayed", 0)),
-        # Dynamic filtering: rollouts generated (the filtered ones included), filtered, refilled by replay.
-        "generated": int(status.get("replay/generated_rollouts", status.get("rollout/num_samples", 0))),
-        "filtered": int(status.get("replay/filtered_rollouts", 0)),
-        "refilled": int(status.get("replay/refilled_rows", 0)), "inert": int(status.get("replay/inert_rows", 0)),
-        # --replay.skip: prompts not generated, skipped by its rule or deferred at a pass's short tail
-        "skipped": int(status.get("replay/skip_skipped_prompts", 0)),
-        "deferred": int(status.get("replay/skip_deferred_prompts", 0)),
-        "age_mean": status.get("replay/age_mean"), "age_max": status.get("replay/age_max"),
-        # What the step's draw could choose from (RLEP: stored successes of the step's prompts).
-        "candidates": int(status.get("replay/candidates", 0)),
-        "buffer": status.get("replay/size"), "buffer_bytes": status.get("replay/nbytes"),
-        "ranks": {k: [r[k] for r in per_rank] for k in per_rank[0]},
-    }
 
 
 def _check_replay_round_trip(trainer, args, client_states: dict) -> None:
@@ -166,12 +148,8 @@ def _scheduler(args, max_steps: int):
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=args.actor.adam.lr)
     kwargs = ({"min_lr_rate": args.actor.min_lr_ratio}
               if args.actor.lr_scheduler in ("cosine_with_min_lr", "cosine_warmup_with_min_lr") else {})
-    return get_scheduler(args.actor.lr_scheduler, optimizer, num_warmup_steps=_warmup_steps(args, max_steps),
+    return get_scheduler(args.actor.lr_scheduler, optimizer, num_warmup_steps=warmup_steps(args, max_steps),
                          num_training_steps=max_steps, scheduler_specific_kwargs=kwargs)
-
-
-def _warmup_steps(args, max_steps: int) -> int:
-    return math.ceil(max_steps * args.actor.lr_warmup_ratio)
 
 
 # What may differ between the shapes of one run (everything else must be equal).
@@ -257,62 +235,29 @@ def _patched_env(name: str, value: str):
 
 def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shadows: list[Shadow],
          pending_pool: str | None = None) -> dict:
-    prompts = _prompt_texts(args)
-    tokenizer_dir = write_tokenizer(prompts[:500], work / "tokenizer")
+    tokenizer_dir = write_tokenizer(_prompt_texts(args)[:500], work / "tokenizer")
     if pending_pool:
-        pool = work / "success_pool.npz"
-        successes = build_stand_in_pool(args, tokenizer_dir, settings, pool)
-        for run_args in [args] + [s.args for s in shadows if s.args is not None]:
-            run_args.replay.success_pool = str(pool)
-        log(f"rehearse: {pending_pool} is not built yet: rehearsing with a stand-in pool of {successes} successes "
-            "(the stand-in seed policy decoded every training prompt; openrlhf_replay/rehearsal/pool.py), so\n"
-            f"{describe_replay(args)}")
+        _use_stand_in_pool(args, shadows, tokenizer_dir, settings, work / "success_pool.npz", pending_pool, log)
     replay = ReplayConfig.from_namespace(args) if module == REPLAY_CLI else ReplayConfig()
     rng = np.random.default_rng(settings.seed)
     cls = _controller_class(module, args)
-    world, accumulation = world_size(args), _accumulation(args)
     record = Record()
-    resume_at = settings.resume_at
-    # Async: no resume here (tests/pipeline/test_async_pipeline.py kills and resumes a real run).
-    saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf and not args.train.async_enable
-    if resume_at < 0:  # the first checkpoint after the replay warm-up (the buffer is not empty)
-        after = replay.effective_warmup + 1 if replay.enabled else 1
-        resume_at = math.ceil(after / args.ckpt.save_steps) * args.ckpt.save_steps if saves else 0
-    settings = dataclasses.replace(settings, resume_at=resume_at)
-
-    ranks = [Rank(r, args, accumulation, rng) for r in range(world)]
-    if args.algo.advantage.estimator == "gae":  # a critic group, trained on the same rows as the actors
-        critic_world = args.critic.num_nodes * args.critic.num_gpus_per_node
-        record.critic = [Rank(r, args, accumulation * world // critic_world, rng) for r in range(critic_world)]
-    for shadow in (s for s in shadows if s.args is not None):
-        shadow.ranks = [ShadowRank(r, shadow.args, _accumulation(shadow.args), rng)
-                        for r in range(world_size(shadow.args))]
-        shadow.group = actor_group(shadow.ranks, shadow.args.ds.ring_attn_size * shadow.args.ds.tensor_parallel_size)
-    trainer = _build(cls, copy.deepcopy(args), tokenizer_dir, ranks, settings, rng, record, shadows)
+    settings = dataclasses.replace(settings, resume_at=_resume_step(args, replay, settings.resume_at))
+    ranks = _ranks(args, rng, record, shadows)
+    build = functools.partial(_build, cls, args, tokenizer_dir, ranks, settings, rng, record, shadows)
+    trainer = build()
     max_steps = trainer.get_max_steps()
     ranks[0].scheduler, ranks[0].peers = _scheduler(args, max_steps), ranks
     if replay.enabled:  # as the replay policy actor does
         from openrlhf_replay.trainer.lr_schedule import pace_by_rollout_steps
 
         pace_by_rollout_steps(ranks[0].scheduler)
-    steps_per_episode = math.ceil(len(trainer.prompts_dataloader) / args.rollout.batch_size)
-    log(f"rehearse: {cls.__name__.lstrip('_')}, {len(trainer.prompts_dataloader)} prompts = {steps_per_episode} steps "
-        f"per episode x {args.train.num_episodes}; {world} ranks, accumulation {accumulation}; resume at step "
-        f"{resume_at or 'never'}")
-    while True:
-        try:
-            trainer.fit()
-            break
-        except _Resume:
-            log(f"rehearse: resuming the controller from the step-{record.resumed_at} checkpoint")
-            trainer = _build(cls, copy.deepcopy(args), tokenizer_dir, ranks, settings, rng, record, shadows)
-        except Exception as e:  # the finding: where and why the run would stop
-            record.crash = f"{type(e).__name__}: {e}"
-            log(traceback.format_exc())
-            break
-    if record.crash is None:
-        record.crash_step = None
-    report = _report(args, replay, record, ranks, max_steps, len(trainer.prompts_dataloader), time.monotonic() - t0)
+    prompts = len(trainer.prompts_dataloader)
+    log(f"rehearse: {cls.__name__.lstrip('_')}, {prompts} prompts = {math.ceil(prompts / args.rollout.batch_size)} "
+        f"steps per episode x {args.train.num_episodes}; {len(ranks)} ranks, accumulation {_accumulation(args)}; "
+        f"resume at step {settings.resume_at or 'never'}")
+    trainer = _fit(trainer, build, record, log)
+    report = run_report(args, replay, record, ranks, max_steps, prompts, time.monotonic() - t0)
     if record.critic:  # equal over its ranks, or its collectives would hang
         report["critic_optimizer_steps_per_rank"] = [sum(s["optimizer_steps"] for s in r.steps) for r in record.critic]
     last = report["lr_last_optimizer_step"]
@@ -323,31 +268,70 @@ def _run(module: str, args, settings: Settings, work: Path, t0: float, log, shad
     # The handling the run resolves for replayed rows (the trainer's own config, after its defaults).
     report["off_policy"] = off_policy(getattr(trainer, "replay_config", replay))
     report["settings"] = {k: v for k, v in dataclasses.asdict(settings).items() if k != "shape"}
-    report["shapes"] = [_shape_report(args, "", ranks, record.crash, record.crash_step, len(record.steps))] + [
-        _shape_report(s.args, s.flags, s.ranks, s.crash, s.crash_step, s.steps) for s in shadows]
+    report["shapes"] = [shape_report(args, "", ranks, record.crash, record.crash_step, len(record.steps))] + [
+        shape_report(s.args, s.flags, s.ranks, s.crash, s.crash_step, s.steps) for s in shadows]
     return report
+
+
+def _use_stand_in_pool(args, shadows: list[Shadow], tokenizer_dir: Path, settings: Settings, pool: Path,
+                       pending_pool: str, log) -> None:
+    """RLEP's pool comes from a checkpoint not trained yet: the run and its shapes replay a stand-in."""
+    successes = build_stand_in_pool(args, tokenizer_dir, settings, pool)
+    for run_args in [args] + [s.args for s in shadows if s.args is not None]:
+        run_args.replay.success_pool = str(pool)
+    log(f"rehearse: {pending_pool} is not built yet: rehearsing with a stand-in pool of {successes} successes "
+        "(the stand-in seed policy decoded every training prompt; openrlhf_replay/rehearsal/pool.py), so\n"
+        f"{describe_replay(args)}")
+
+
+def _resume_step(args, replay: ReplayConfig, resume_at: int) -> int:
+    """The step whose checkpoint the rehearsal resumes from (0: never). A negative `resume_at` asks
+    for the first checkpoint after the replay warm-up, where the buffer is not empty."""
+    # Async: no resume here (tests/pipeline/test_async_pipeline.py kills and resumes a real run).
+    saves = args.ckpt.load_enable and 0 < args.ckpt.save_steps < math.inf and not args.train.async_enable
+    if resume_at >= 0:
+        return resume_at
+    after = replay.effective_warmup + 1 if replay.enabled else 1
+    return math.ceil(after / args.ckpt.save_steps) * args.ckpt.save_steps if saves else 0
+
+
+def _ranks(args, rng, record: Record, shadows: list[Shadow]) -> list[Rank]:
+    """The actor's stand-in ranks; the critic's into `record` (`gae`); each shape's into its shadow."""
+    world, accumulation = world_size(args), _accumulation(args)
+    ranks = [Rank(r, args, accumulation, rng) for r in range(world)]
+    if args.algo.advantage.estimator == "gae":  # a critic group, trained on the same rows as the actors
+        critic_world = args.critic.num_nodes * args.critic.num_gpus_per_node
+        record.critic = [Rank(r, args, accumulation * world // critic_world, rng) for r in range(critic_world)]
+    for shadow in (s for s in shadows if s.args is not None):
+        shadow.ranks = [ShadowRank(r, shadow.args, _accumulation(shadow.args), rng)
+                        for r in range(world_size(shadow.args))]
+        shadow.group = actor_group(shadow.ranks, shadow.args.ds.ring_attn_size * shadow.args.ds.tensor_parallel_size)
+    return ranks
+
+
+def _fit(trainer, build, record: Record, log):
+    """Run the controller to its end, rebuilt once from the resume step's checkpoint; a crash is
+    the finding (`record.crash`: where and why the run would stop). The last controller built."""
+    while True:
+        try:
+            trainer.fit()
+            break
+        except _Resume:
+            log(f"rehearse: resuming the controller from the step-{record.resumed_at} checkpoint")
+            trainer = build()
+        except Exception as e:
+            record.crash = f"{type(e).__name__}: {e}"
+            log(traceback.format_exc())
+            break
+    if record.crash is None:
+        record.crash_step = None
+    return trainer
 
 
 def _accumulation(args) -> int:
     """Micro-batches per optimizer step on each rank (upstream's `strategy.accumulated_gradient`)."""
     duplicate = args.ds.ring_attn_size * args.ds.tensor_parallel_size
     return args.train.batch_size * duplicate // args.train.micro_batch_size // world_size(args)
-
-
-def _shape_report(args, flags: str, ranks: list[Rank], crash, crash_step, steps: int) -> dict:
-    """One shape's figures: crash, and per rank what it trained (these must be equal over ranks)."""
-    out = {"flags": flags, "crash": crash, "crash_step": crash_step, "steps_completed": steps}
-    if args is None or not ranks:
-        return out
-    return out | {
-        "gpus": world_size(args), "model": args.actor.model_name_or_path,
-        "micro_batches": [args.train.micro_batch_size, args.rollout.micro_batch_size],
-        "optimizer_steps_per_rank": [sum(s["optimizer_steps"] for s in r.steps) for r in ranks],
-        "micro_batches_per_rank": {kind: [sum(s[f"{kind}_micro_batches"] for s in r.steps) for r in ranks]
-                                   for kind in ("fresh", "replayed")},
-        "rows_dropped_per_rank": [sum(s["dropped_rows"] for s in r.steps) for r in ranks],
-        "micro_batches_carried_at_end": [r.pending for r in ranks],
-    }
 
 
 def _prompt_texts(args) -> list[str]:
@@ -361,70 +345,3 @@ def _prompt_texts(args) -> list[str]:
                 rows = json.load(f)[:2000]
         texts += [str(row.get(args.data.input_key, "")) for row in rows]
     return texts
-
-
-def _report(args, replay, record: Record, ranks: list[Rank], max_steps: int, prompts_per_episode: int,
-            seconds: float) -> dict:
-    steps = record.steps
-    after_warmup = [s for s in steps if s["step"] > replay.effective_warmup] if replay.enabled else []  # buffer step >= warm-up
-    per_step_opt = [sum(s["ranks"]["optimizer_steps"]) / max(len(ranks), 1) for s in steps]
-    cumulative = list(_accumulate(ranks[0].steps[i]["optimizer_steps"] for i in range(len(ranks[0].steps)))) \
-        if ranks else []
-    warmup_opt = _warmup_steps(args, max_steps)
-    positions, lrs = (ranks[0].lr_positions, ranks[0].lrs) if ranks else ([], [])
-    warmup_rollout = next((i + 1 for i, p in enumerate(positions) if p >= warmup_opt), None)
-    ages = [s["age_max"] for s in after_warmup if s["replayed"]]
-    return {
-        # Dynamic filtering spends replacement prompts, pre-rollout skipping skips some: a step's count
-        # per episode is what they keep.
-        "steps_expected": None if args.algo.dynamic_filtering_enable or ReplayConfig.from_namespace(args).skip
-        else math.ceil(prompts_per_episode / args.rollout.batch_size) * args.train.num_episodes,
-        "steps_completed": len(steps),
-        "episodes_expected": args.train.num_episodes,
-        "episodes_completed": record.episodes_done,
-        # Each episode generates every prompt once (a resume that walked an episode again, more).
-        "prompts_planned": prompts_per_episode * args.train.num_episodes, "batch_prompts": args.rollout.batch_size,
-        "prompts_generated": record.prompts_generated,
-        "steps_per_episode": [sum(1 for s in steps if s["episode"] == e) for e in range(record.episode + 1)],
-        "crash": record.crash,
-        "crash_step": record.crash_step,
-        "shape": {"ranks": len(ranks), "train_micro_batch": args.train.micro_batch_size,
-                  "rollout_micro_batch": args.rollout.micro_batch_size,
-                  "accumulation": ranks[0].accumulation if ranks else None},
-        "fresh_per_step": spread([s["fresh"] for s in steps]),
-        "rollouts_generated": sum(s["generated"] for s in steps),
-        "rollouts_generated_by_engines": sum(g.generated for g in record.generations),  # the stand-in vLLM's own count
-        "rollouts_filtered": sum(s["filtered"] for s in steps),
-        "rows_refilled": sum(s["refilled"] for s in steps),
-        "prompts_skipped": sum(s["skipped"] for s in steps), "prompts_deferred": sum(s["deferred"] for s in steps),
-        "replayed_per_step": replay_distribution(steps, after_warmup),
-        "optimizer_steps_per_step": spread(per_step_opt) | {
-            "mean": statistics.fmean(per_step_opt) if per_step_opt else None},
-        "optimizer_steps_per_rank": [sum(r.steps[i]["optimizer_steps"] for i in range(len(r.steps))) for r in ranks],
-        "micro_batches_per_rank": {kind: [sum(s[f"{kind}_micro_batches"] for s in r.steps) for r in ranks]
-                                   for kind in ("fresh", "replayed")},
-        "rows_dropped_per_rank": [sum(s["dropped_rows"] for s in r.steps) for r in ranks],
-        "micro_batches_carried_at_end": [r.pending for r in ranks],
-        "lr_schedule_optimizer_steps": max_steps,
-        "lr_warmup_optimizer_steps": warmup_opt,
-        "lr_warmup_rollout_steps": warmup_rollout,
-        "optimizer_steps_taken": cumulative[-1] if cumulative else 0,
-        "lr_after_warmup": spread([lr for p, lr in lrs if p >= warmup_opt]) if ranks else None,
-        # Where the schedule stands after the run (its end: lr_schedule_optimizer_steps), and the LR
-        # and position the last optimizer step ran at (within one step of the end).
-        "lr_schedule_position_at_end": positions[-1] if positions else None,
-        "lr_last_optimizer_step": {"position": lrs[-1][0], "lr": lrs[-1][1]} if lrs else None,
-        "replay_age": {"max": max(ages) if ages else None,
-                       "mean": statistics.fmean(s["age_mean"] for s in after_warmup if s["replayed"]) if ages else None},
-        "buffer_max_rollouts": max((s["buffer"] or 0 for s in steps), default=0),
-        "checkpoints": record.checkpoints,
-        "resumed_at": record.resumed_at,
-        "seconds": round(seconds, 1),
-    }
-
-
-def _accumulate(values):
-    total = 0
-    for v in values:
-        total += v
-        yield total

@@ -1,7 +1,8 @@
-"""What the rehearsal's reports say about replay and compute, as JSON figures and as tables.
+"""What the rehearsal's reports say about replay and compute, as JSON figures and as tables. The
+driver adds a run's figures up here (`run_report`, `shape_report`, from its record of each step).
 
-`python -m openrlhf_replay.rehearsal.report table REPORT.json ...` prints the README's
-rehearsal table, one row per report (named after the file).
+`python -m openrlhf_replay.rehearsal.report table REPORT.json ...` prints the rehearsal
+table of docs/GPU_RUNS.md, one row per report (named after the file).
 
 `python -m openrlhf_replay.rehearsal.report beside --compare DIR --rehearsals DIR` puts each
 compared run's optimizer steps per rollout step (from `<rehearsals>/<run>.json`, the report
@@ -15,10 +16,14 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+
+from openrlhf_replay.utils import world_size
+from replay import ReplayConfig
 
 
 def spread(values: list[float]) -> dict:
@@ -59,7 +64,120 @@ def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-# ------------------------------------------------------------------------------ the README table
+# ------------------------------------------------------------------------------ a run's figures
+
+
+def step_figures(status: dict, ranks: list) -> dict:
+    """One step's figures, from the controller's status and what each stand-in rank trained."""
+    per_rank = [r.steps[-1] for r in ranks]
+    return {
+        "fresh": int(status.get("rollout/num_samples", 0)),
+        "replayed": int(status.get("replay/replayed", 0)),
+        # Dynamic filtering: rollouts generated (the filtered ones included), filtered, refilled by replay.
+        "generated": int(status.get("replay/generated_rollouts", status.get("rollout/num_samples", 0))),
+        "filtered": int(status.get("replay/filtered_rollouts", 0)),
+        "refilled": int(status.get("replay/refilled_rows", 0)), "inert": int(status.get("replay/inert_rows", 0)),
+        # --replay.skip: prompts not generated, skipped by its rule or deferred at a pass's short tail
+        "skipped": int(status.get("replay/skip_skipped_prompts", 0)),
+        "deferred": int(status.get("replay/skip_deferred_prompts", 0)),
+        "age_mean": status.get("replay/age_mean"), "age_max": status.get("replay/age_max"),
+        # What the step's draw could choose from (RLEP: stored successes of the step's prompts).
+        "candidates": int(status.get("replay/candidates", 0)),
+        "buffer": status.get("replay/size"), "buffer_bytes": status.get("replay/nbytes"),
+        "ranks": {k: [r[k] for r in per_rank] for k in per_rank[0]},
+    }
+
+
+def warmup_steps(args, max_steps: int) -> int:
+    """The LR warm-up's optimizer steps, as upstream's strategy sizes it."""
+    return math.ceil(max_steps * args.actor.lr_warmup_ratio)
+
+
+def shape_report(args, flags: str, ranks: list, crash, crash_step, steps: int) -> dict:
+    """One shape's figures: crash, and per rank what it trained (these must be equal over ranks)."""
+    out = {"flags": flags, "crash": crash, "crash_step": crash_step, "steps_completed": steps}
+    if args is None or not ranks:
+        return out
+    return out | {
+        "gpus": world_size(args), "model": args.actor.model_name_or_path,
+        "micro_batches": [args.train.micro_batch_size, args.rollout.micro_batch_size],
+        "optimizer_steps_per_rank": [sum(s["optimizer_steps"] for s in r.steps) for r in ranks],
+        "micro_batches_per_rank": {kind: [sum(s[f"{kind}_micro_batches"] for s in r.steps) for r in ranks]
+                                   for kind in ("fresh", "replayed")},
+        "rows_dropped_per_rank": [sum(s["dropped_rows"] for s in r.steps) for r in ranks],
+        "micro_batches_carried_at_end": [r.pending for r in ranks],
+    }
+
+
+def run_report(args, replay, record, ranks: list, max_steps: int, prompts_per_episode: int,
+               seconds: float) -> dict:
+    """The figures of a whole run, from the driver's `Record` of it and its stand-in ranks."""
+    steps = record.steps
+    # The buffer's step (one less than the logged step) at or past the warm-up.
+    after_warmup = [s for s in steps if s["step"] > replay.effective_warmup] if replay.enabled else []
+    per_step_opt = [sum(s["ranks"]["optimizer_steps"]) / max(len(ranks), 1) for s in steps]
+    ages = [s["age_max"] for s in after_warmup if s["replayed"]]
+    age_means = [s["age_mean"] for s in after_warmup if s["replayed"]]
+    return {
+        # Dynamic filtering spends replacement prompts, pre-rollout skipping skips some: a step's count
+        # per episode is what they keep.
+        "steps_expected": None if args.algo.dynamic_filtering_enable or ReplayConfig.from_namespace(args).skip
+        else math.ceil(prompts_per_episode / args.rollout.batch_size) * args.train.num_episodes,
+        "steps_completed": len(steps),
+        "episodes_expected": args.train.num_episodes,
+        "episodes_completed": record.episodes_done,
+        # Each episode generates every prompt once (a resume that walked an episode again, more).
+        "prompts_planned": prompts_per_episode * args.train.num_episodes, "batch_prompts": args.rollout.batch_size,
+        "prompts_generated": record.prompts_generated,
+        "steps_per_episode": [sum(1 for s in steps if s["episode"] == e) for e in range(record.episode + 1)],
+        "crash": record.crash,
+        "crash_step": record.crash_step,
+        "shape": {"ranks": len(ranks), "train_micro_batch": args.train.micro_batch_size,
+                  "rollout_micro_batch": args.rollout.micro_batch_size,
+                  "accumulation": ranks[0].accumulation if ranks else None},
+        "fresh_per_step": spread([s["fresh"] for s in steps]),
+        "rollouts_generated": sum(s["generated"] for s in steps),
+        "rollouts_generated_by_engines": sum(g.generated for g in record.generations),  # the stand-in vLLM's own count
+        "rollouts_filtered": sum(s["filtered"] for s in steps),
+        "rows_refilled": sum(s["refilled"] for s in steps),
+        "prompts_skipped": sum(s["skipped"] for s in steps), "prompts_deferred": sum(s["deferred"] for s in steps),
+        "replayed_per_step": replay_distribution(steps, after_warmup),
+        "optimizer_steps_per_step": spread(per_step_opt) | {
+            "mean": statistics.fmean(per_step_opt) if per_step_opt else None},
+        "optimizer_steps_per_rank": [sum(r.steps[i]["optimizer_steps"] for i in range(len(r.steps))) for r in ranks],
+        "micro_batches_per_rank": {kind: [sum(s[f"{kind}_micro_batches"] for s in r.steps) for r in ranks]
+                                   for kind in ("fresh", "replayed")},
+        "rows_dropped_per_rank": [sum(s["dropped_rows"] for s in r.steps) for r in ranks],
+        "micro_batches_carried_at_end": [r.pending for r in ranks],
+        **_lr_figures(args, ranks, max_steps),
+        "replay_age": {"max": max(ages) if ages else None, "mean": statistics.fmean(age_means) if ages else None},
+        "buffer_max_rollouts": max((s["buffer"] or 0 for s in steps), default=0),
+        "checkpoints": record.checkpoints,
+        "resumed_at": record.resumed_at,
+        "seconds": round(seconds, 1),
+    }
+
+
+def _lr_figures(args, ranks: list, max_steps: int) -> dict:
+    """The LR schedule as rank 0 walked it: its size, its warm-up in optimizer and rollout steps, the
+    optimizer steps taken and the LR after the warm-up."""
+    warmup_opt = warmup_steps(args, max_steps)
+    positions, lrs = (ranks[0].lr_positions, ranks[0].lrs) if ranks else ([], [])
+    taken = sum(s["optimizer_steps"] for s in ranks[0].steps) if ranks else 0
+    return {
+        "lr_schedule_optimizer_steps": max_steps,
+        "lr_warmup_optimizer_steps": warmup_opt,
+        "lr_warmup_rollout_steps": next((i + 1 for i, p in enumerate(positions) if p >= warmup_opt), None),
+        "optimizer_steps_taken": taken,
+        "lr_after_warmup": spread([lr for p, lr in lrs if p >= warmup_opt]) if ranks else None,
+        # Where the schedule stands after the run (its end: lr_schedule_optimizer_steps), and the LR
+        # and position the last optimizer step ran at (within one step of the end).
+        "lr_schedule_position_at_end": positions[-1] if positions else None,
+        "lr_last_optimizer_step": {"position": lrs[-1][0], "lr": lrs[-1][1]} if lrs else None,
+    }
+
+
+# ------------------------------------------------------------------------------ the rehearsal table
 
 TABLE_HEADER = ("script", "steps (per episode)", "replayed rows' pi_old",
                 "replayed per step after warm-up (min / median / max; steps with replay)",

@@ -285,7 +285,7 @@ def test_a_sample_handed_to_a_worker_that_dies_before_reading_it_goes_to_the_nex
         os.kill(pid, signal.SIGSTOP)  # alive but not reading: the sample waits in its socket
         future = grader.submit(r"\boxed{2}", "2")
         deadline = time.monotonic() + 30
-        while grader._pending:  # until the pool has handed it over (no public view of this)
+        while grader.queued:  # until the pool has handed it over
             assert time.monotonic() < deadline, "the pool never handed the sample to its worker"
             time.sleep(0.01)
         assert grader.worker_pids(grading=True) == []  # handed over, not read

@@ -63,7 +63,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         self.inert_rows = 0  # rows without loss the last step added (all kinds)
 
     def make_experience_batch(self, rollout_samples) -> list[Experience]:
-        """One replay step as the trainer runs it, top-down (README, "One training step")."""
+        """One replay step as the trainer runs it, top-down (docs/CODE.md, "One training step")."""
         # 1. The fresh batch: upstream's micro-batches with their group advantages.
         if self.args.reward.remote_url:  # with a reward model instead, rewards come later
             self.reward_faults = guard_rewards(rollout_samples)

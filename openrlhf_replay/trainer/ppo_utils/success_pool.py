@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from openrlhf_replay.cli.prompts import UnreadableFile, file_rows
+from openrlhf_replay.datasets.prompt_files import UnreadableFile, file_rows
 from openrlhf_replay.trainer.ppo_utils.prompt_identity import prompt_uid
 from replay import ReplayConfig
 from replay.pool import SuccessPool, SuccessPoolError, load_pool, pool_mismatch
