@@ -382,7 +382,7 @@ def sweep(a: Args, log) -> list[dict]:
     if a.archive:
         log(f"{restored} finished run(s) restored from {a.archive} (same command, same warm-start weights)")
     # `success` trains last: its pool comes from GRPO's seed 1, which must be finished first.
-    later = [job for job in pending if job[0] == "success"]
+    later = [job for job in pending if str(success_pool_path(a)) in job[2]]  # its command reads the pool built here
     failed = train_all(a, [job for job in pending if job[0] != "success"], records, heldout, log)
     if later and (se_analysis.BASELINE, 1) in records:
         build_success_pool(a, data, log)
