@@ -279,11 +279,13 @@ register_off_policy(OffPolicyRule(
 register_off_policy(OffPolicyRule(
     name="m2po", help="M2PO: as refresh, and each micro-batch masks its tokens of largest "
     "(log pi_old - log pi_behaviour)^2 until their mean is below --replay.m2_threshold",
-    recompute_old=True, corrections=(TOKEN_MASK, TOKEN_CLIP), m2_mask=True))
+    recompute_old=True, corrections=(TOKEN_MASK, TOKEN_CLIP), corrections_hint="M2PO=1 in examples/scripts sets them",
+    loss_settings=lambda c: dict(m2_threshold=c.m2_threshold)))
 
 register_off_policy(OffPolicyRule(
     name="exgrpo", help="ExGRPO: pi_old is the stored behaviour log-prob, and replayed rows train on "
-    "-A w / (w + 0.1), unclipped (policy shaping)", policy_shaping=True))
+    "-A w / (w + 0.1), unclipped (policy shaping)",
+    loss="openrlhf_replay.trainer.ray.ppo_actor:ShapedSplitStatsPolicyLoss"))
 
 MODES = mode_names()  # the built-in ones; `registry.mode_names()` also lists those registered later
 OFF_POLICY = off_policy_names()

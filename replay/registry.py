@@ -146,11 +146,16 @@ class OffPolicyRule:
     pi_old / pi_behaviour; False: it takes pi_old too, and the weight is exactly 1."""
     corrections: tuple[tuple[str, str, str], ...] = ()
     """Upstream IS corrections (level, mode, gating) it needs, one of them; () for none."""
-    m2_mask: bool = False
-    """Loss side: M2PO's second-moment mask over each micro-batch's tokens (`--replay.m2_threshold`)."""
-    policy_shaping: bool = False
-    """Loss side: replayed rows train on ExGRPO's shaped objective -A w / (w + 0.1), unclipped, in
-    place of upstream's clipped ratio (`openrlhf_replay/trainer/exgrpo_loss.py`)."""
+    corrections_hint: str = ""
+    """Appended to the launcher's refusal when those corrections are missing (where to find them)."""
+    loss: str | None = None
+    """Loss side: the actor's policy loss under this rule, "module:Class" of a subclass of the
+    integration's `SplitStatsPolicyLoss` (ExGRPO's shaped objective on replayed rows). The
+    integration imports it (`ppo_actor.py:policy_loss_class`); this pure core only names it.
+    None: `SplitStatsPolicyLoss`, upstream's loss with per-kind statistics."""
+    loss_settings: Callable[[Any], dict[str, Any]] = _no_knobs
+    """Loss side: config -> attributes set on the actor's loss (M2PO: the threshold of its
+    second-moment mask over each micro-batch's tokens, `--replay.m2_threshold`)."""
 
     @property
     def behaviour_apart_from_old(self) -> bool:

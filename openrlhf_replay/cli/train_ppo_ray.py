@@ -182,7 +182,7 @@ def off_policy_errors(args, config: ReplayConfig) -> list[str]:
     return [f"--replay.off_policy {rule.name} weighs each replayed token by an importance weight pi_old / pi_behaviour "
             f"(docs/METHOD.md); upstream does that with {wanted} (got {' / '.join(have)})"
             + (": mask drops tokens instead of truncating their weight" if have[1] == "mask" else "")
-            + ("; M2PO=1 in examples/scripts sets them" if rule.m2_mask else "")]
+            + (f"; {rule.corrections_hint}" if rule.corrections_hint else "")]
 
 
 def _batch_errors(args) -> list[str]:

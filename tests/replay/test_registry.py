@@ -23,7 +23,7 @@ NOT_A_MODE = {
 # Fields that once served one mode each, which the integration branched on (issue #48).
 RETIRED_FLAGS = {"offline_pool", "rewrites_fresh_advantages", "uses_group_size", "format_1_rules", "priority_rule",
                  "estimators", "estimators_why", "kl_in_reward", "no_refill", "store_filter", "sampler_name",
-                 "SAMPLERS", "KEEP_RULES", "SUCCESS_RULES", "get_sampler"}
+                 "SAMPLERS", "KEEP_RULES", "SUCCESS_RULES", "get_sampler", "m2_mask", "policy_shaping"}
 
 
 def test_every_built_in_entry_passes_the_registry_checks():
