@@ -259,7 +259,7 @@ class ReplayConfig:
         group = parser.add_argument_group(prefix, cls.__doc__)
         for f in dataclasses.fields(cls):
             flag, dest, tp = f"--{prefix}.{f.name}", f"{prefix}.{f.name}", hints[f.name]
-            choices, text = _registry_help(f.name, helps[f.name])
+            choices, text = _registry_help(f.name, helps[f.name], switch=tp is bool)
             text = f"{text} (default: {'unset' if f.default is None else f.default})"
             if tp is bool:
                 group.add_argument(flag, dest=dest, action="store_true", default=f.default, help=text)
@@ -283,11 +283,12 @@ class ReplayConfig:
         return cls(**values)
 
 
-def _registry_help(name: str, text: str) -> tuple[tuple[str, ...] | None, str]:
+def _registry_help(name: str, text: str, switch: bool = False) -> tuple[tuple[str, ...] | None, str]:
     """A flag's choices where a registry holds them, and its help completed by what the registry's
     entries say of it: each entry's own line, each mode's default, the modes that refuse it and the
-    keep rules that read it. Read when the parser is built, so an entry registered before then is
-    listed, and no per-mode fact is restated in prose."""
+    keep rules that read it (`switch`: an on/off flag, asked of each mode's checks). Read when the
+    parser is built, so an entry registered before then is listed, and no per-mode fact is restated
+    in prose."""
     choices = None
     if name == "mode":
         choices = registry.mode_names()
@@ -298,9 +299,9 @@ def _registry_help(name: str, text: str) -> tuple[tuple[str, ...] | None, str]:
     defaults = _mode_defaults(name)
     if defaults:
         text += f" The modes' defaults: {defaults}."
-    refusing = _modes_refusing(**{name: True}) if name == "refill" else []
+    refusing = _modes_refusing(**{name: True}) if switch else []
     if refusing:
-        text += f" Refused by mode none and by {', '.join(refusing)}."
+        text += f" Modes that refuse it: {', '.join(refusing)}."
     keeping = [entry.name for entry in registry.MODE_REGISTRY.values() if name in entry.keep.settings]
     if keeping:
         text += f" The modes whose keep rule reads it: {', '.join(keeping)}."
@@ -320,9 +321,9 @@ def _mode_defaults(name: str) -> str:
 
 
 def _modes_refusing(**changes: Any) -> list[str]:
-    """The registered modes whose checks accept their default config but refuse it with `changes`."""
+    """The modes (none too) whose checks accept their default config but refuse it with `changes`."""
     refusing = []
-    for mode in registry.MODE_REGISTRY:
+    for mode in registry.mode_names():
         try:
             ReplayConfig(mode=mode)
         except ValueError:
