@@ -90,7 +90,7 @@ def _freshness_for_run(config, steps: int, group_size: int | None):
     return config if config.beta_steps is not None else dataclasses.replace(config, beta_steps=steps)
 
 
-# What format-1 code stored and ranked by in freshness mode (the other modes' rules are unchanged).
+# What freshness mode's stored priorities mean: a holding rule, so a file kept by another does not resume.
 FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
                            "maximum, the drawn updated to max(|reward|, 1e-6)")
 

@@ -116,7 +116,7 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
     replayed rows' advantages are recomputed against the current critic,
     `openrlhf_replay/trainer/ppo_utils/critic.py`) and async training (the buffer in its training
     actor, `openrlhf_replay/trainer/ppo_trainer_async.py`)."""
-    errors = config.entry.launch_errors(config, args)  # the mode's own: e.g. estimators it cannot run with
+    errors = config.entry.launch_errors(config, args)  # the mode's own: e.g. an estimator it cannot run with
     if config.group_size is not None and config.group_size != args.rollout.n_samples_per_prompt:
         errors.append(f"--replay.group_size {config.group_size} is K, the run's rollouts per prompt, which are "
                       f"--rollout.n_samples_per_prompt {args.rollout.n_samples_per_prompt}: drop --replay.group_size "
