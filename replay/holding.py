@@ -59,8 +59,8 @@ def rules_mismatch(saved: Mapping[str, Any], ours: Mapping[str, Any], mode: str)
     if KL_RULE in differ:
         return (f"written with {KL_RULE} {saved.get(KL_RULE)}, this run has {ours.get(KL_RULE)}: its rollouts do not "
                 "carry what this run's KL or critic reads (--algo.kl.init_coef, --algo.kl.use_loss and "
-                "--algo.advantage.estimator decide). Resume with the "
-                "KL and estimator flags it was written with, or start with an empty buffer (--replay.allow_empty_resume)")
+                "--algo.advantage.estimator decide). Resume with the KL and estimator flags it was written with, "
+                "or start with an empty buffer (--replay.allow_empty_resume)")
     if KEEP_RULE in differ or PRIORITY_RULE in differ:
         return (f"written under replay.mode={mode} with {show(saved)}; this code's replay.mode={mode} has "
                 f"{show(ours)}: the buffer holds other rollouts, or priorities of another meaning. Resume with "
