@@ -19,6 +19,7 @@ import torch
 
 from infra.hardware import cpu_description
 from infra.models import build_tiny_qwen3, default_cache_dir, prepare_smollm2
+from replay.keep import EVERYTHING
 from replay.store import RolloutStore
 from replay.testing import random_batch
 
@@ -34,7 +35,7 @@ def store_cost_us_per_token(reps: int = 5) -> float:
     for name, b, cols in (("plain", batch, ()), ("ref", with_ref, ("ref_logprobs",))):
         best = float("inf")
         for _ in range(reps):
-            store = RolloutStore(100_000, None, keep="all", token_columns=cols)
+            store = RolloutStore(100_000, None, keep=EVERYTHING, token_columns=cols)
             t0 = time.perf_counter()
             store.insert(b, version=0)
             store.gather(np.arange(0, len(store), 2))  # half of them replayed

@@ -82,13 +82,14 @@ class ProjectSide:
     def __init__(self, cfg: StoreConfig, w: Workload) -> None:
         import torch
 
+        from replay.keep import EVERYTHING
         from replay.samplers import advantage
         from replay.store import RolloutStore
 
         self._from_numpy, self._advantage = torch.from_numpy, advantage
-        # keep="all": the workload's live counts (30,000; 11,264) assume every rollout is stored,
-        # as the TorchRL side does; the default keep rule would drop zero-advantage groups.
-        self.store = RolloutStore(cfg.capacity, cfg.max_age, keep="all",
+        # EVERYTHING: the workload's live counts (30,000; 11,264) assume every rollout is stored,
+        # as the TorchRL side does; the advantage mode's keep rule would drop zero-advantage rollouts.
+        self.store = RolloutStore(cfg.capacity, cfg.max_age, keep=EVERYTHING,
                                   token_columns=(w.kl_column,) if w.kl_column else ())
         self.w = w
         self.rng = np.random.default_rng([w.seed, 1])

@@ -15,77 +15,19 @@ import numpy as np
 from replay.checkpoint import ReplayCheckpointError, load_state, save_state
 from replay.composer import Composition
 from replay.config import ReplayConfig
+from replay.holding import holding_rules, rules_mismatch, written_rules
+from replay.keep import EVERYTHING
 from replay.metrics import composition_histograms, composition_metrics, store_metrics
-from replay.pool import POOL_VERSION, SuccessPool, load_pool
+from replay.pool import POOL_VERSION, SuccessPool
 from replay.record import RolloutBatch
 from replay.registry import ModeHooks
 from replay.samplers import sampler_from_config
-from replay.store import SUCCESS_RULES, RolloutStore
+from replay.store import RolloutStore
 
 # 2: the state records its holding rules and the store its per-rollout priorities. Format 1 is
-# still read, with the rules its code had (each mode entry's `format_1_rules`).
+# still read, with the rules its code had (each mode's checkpoint rules, `format_1`).
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
-KEEP_RULE, PRIORITY_RULE, KL_RULE = "keep rule", "priority rule", "per-token KL columns"
-# What each optional per-token column is kept for; a file of another KL setting lacks what this
-# run's loss reads (or holds what it would ignore), so the KL setting is a holding rule.
-# (The rule's name predates the critic's and async's columns; saved files carry it, so it stays.)
-_KL_COLUMN_USE = {"token_advantages": "KL in the reward", "ref_logprobs": "KL as a loss",
-                  "token_rewards": "GAE against the current critic", "rollout_logprobs": "async IS correction"}
-NO_KL_COLUMNS = "none (KL off)"
-
-
-def holding_rules(config: ReplayConfig, token_columns: tuple[str, ...] = ()) -> dict[str, Any]:
-    """What decides which rollouts the store holds and, where the store keeps priorities, what
-    they mean: the flags with their values in force, this code's keep rule for the mode, its
-    entry's priority rule where it has one (freshness), and the per-token columns the run's KL needs. A checkpoint
-    written under other rules holds rollouts this run would not keep, lacks ones it would, carries
-    priorities of another meaning or lacks what the loss reads: resuming from it would quietly mix
-    two configurations."""
-    rules = {"replay.max_age": config.max_age_steps or "unset (no age limit)", "replay.capacity": config.capacity,
-             KEEP_RULE: config.store_filter,
-             KL_RULE: ", ".join(f"{c} ({_KL_COLUMN_USE[c]})" for c in token_columns) or NO_KL_COLUMNS}
-    if config.store_filter in SUCCESS_RULES:
-        rules["replay.success_threshold"] = config.success_threshold
-    if config.store_filter not in ("all", "success"):  # exgrpo reads both thresholds
-        rules["replay.min_abs_advantage"] = config.min_abs_advantage
-    if config.entry is not None and config.entry.priority_rule is not None:
-        rules[PRIORITY_RULE] = config.entry.priority_rule
-    return rules
-
-
-def written_rules(state: Mapping[str, Any]) -> dict[str, Any]:
-    """The holding rules a checkpoint state was written under (format 1: those of its config
-    under the code of that format)."""
-    if state.get("format_version") != 1:
-        return {KL_RULE: NO_KL_COLUMNS} | dict(state["holding_rules"])  # files from before KL: none
-    config = ReplayConfig.from_dict(dict(state["config"]))
-    rules = holding_rules(config)  # format 1 predates KL: no per-token columns
-    old = config.entry.format_1_rules if config.entry is not None else None
-    if old is not None:  # the mode's rules under format-1 code, where they differ from today's
-        rules.pop(PRIORITY_RULE, None)
-        rules |= dict(old) | {"replay.min_abs_advantage": config.min_abs_advantage}
-    return rules
-
-
-def rules_mismatch(saved: Mapping[str, Any], ours: Mapping[str, Any], mode: str) -> str | None:
-    """Why a buffer written under holding rules `saved` cannot resume under `ours`, with the
-    fix; None when they agree."""
-    differ = [k for k in {**saved, **ours} if saved.get(k) != ours.get(k)]
-    if not differ:
-        return None
-    show = lambda rules: ", ".join(f"{k} {rules.get(k, 'unset')}" for k in differ)  # noqa: E731
-    if KL_RULE in differ:
-        return (f"written with {KL_RULE} {saved.get(KL_RULE)}, this run has {ours.get(KL_RULE)}: its rollouts do not "
-                "carry what this run's KL or critic reads (--algo.kl.init_coef, --algo.kl.use_loss and "
-                "--algo.advantage.estimator decide). Resume with the "
-                "KL and estimator flags it was written with, or start with an empty buffer (--replay.allow_empty_resume)")
-    if KEEP_RULE in differ or PRIORITY_RULE in differ:
-        return (f"written under replay.mode={mode} with {show(saved)}; this code's replay.mode={mode} has "
-                f"{show(ours)}: the buffer holds other rollouts, or priorities of another meaning. Resume with "
-                "the code that wrote it, or start with an empty buffer (--replay.allow_empty_resume)")
-    return (f"written with {show(saved)}, this run has {show(ours)}: the buffer holds rollouts by other rules than "
-            "this run's; resume with the settings it was written with")
 
 
 class ReplayBuffer:
@@ -111,8 +53,9 @@ class ReplayBuffer:
         self._step_histograms: dict[str, np.ndarray] = {}
 
     def _load_pool(self, config: ReplayConfig) -> SuccessPool:
-        """RLEP's offline pool (`replay/pool.py`), loaded into the store as rollouts of version -1."""
-        pool = load_pool(config.success_pool)
+        """An offline pool (RLEP's, `replay/pool.py`), loaded by the mode's entry into the store as
+        rollouts of version -1."""
+        pool = config.entry.load_pool(config.success_pool)
         if len(pool.rollouts) > config.capacity:
             raise ValueError(f"the success pool {config.success_pool} holds {len(pool.rollouts)} successes, more "
                              f"than replay.capacity {config.capacity}: pass --replay.capacity {len(pool.rollouts)}")
@@ -121,9 +64,10 @@ class ReplayBuffer:
 
     @staticmethod
     def _new_store(config: ReplayConfig, token_columns: tuple[str, ...]) -> RolloutStore:
-        return RolloutStore(config.capacity, config.max_age_steps, keep=config.store_filter or "all",
-                            min_abs_advantage=config.min_abs_advantage, success_threshold=config.success_threshold,
-                            token_columns=token_columns)
+        """The mode's store, kept by its keep rule (replay off: a store that is never written)."""
+        keep = EVERYTHING if config.entry is None else config.entry.keep
+        return RolloutStore(config.capacity, config.max_age_steps, keep=keep, token_columns=token_columns,
+                            **keep.settings_of(config))
 
     def __len__(self) -> int:
         return len(self.store)

@@ -10,6 +10,7 @@ Composers read the store but never change it (the buffer counts reuse and insert
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ class Composition:
     # batches; with refill (`extra`), the filtered rows the store could not supply.
     inert: int = 0
     refilled: int = 0  # of the replayed rollouts, how many stand for filtered rows (`extra`), not the usual share
+    # The composer gave `fresh` advantages of its own (RLEP's enlarged groups): the integration writes
+    # them back to the fresh rows it trains.
+    rewrite_fresh: bool = False
 
     @functools.cached_property
     def batch(self) -> RolloutBatch:
@@ -133,9 +137,16 @@ def compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, con
     """RLEP: each fresh group gets min(`per_prompt`, its prompt's stored successes), without
     replacement within the group (the sampler's rule), which join that group (they take its group
     id); the advantages of each enlarged group are recomputed over all its members
-    (`divide_by_std=False`: dr_grpo). Groups that got no replay keep their advantages. The count
-    is not rounded: `inert` says how many rows the integration must add, with no loss, to make the
+    (`divide_by_std=False`: dr_grpo). Groups that got no replay keep their advantages; either way
+    the composition says so (`rewrite_fresh`), and the integration writes them back. The count is
+    not rounded: `inert` says how many rows the integration must add, with no loss, to make the
     replayed rows a multiple of `multiple_of` (its training batch)."""
+    comp = _compose_rlep(fresh, store, sampler, config, step, rng, multiple_of, divide_by_std, extra)
+    return dataclasses.replace(comp, rewrite_fresh=True)
+
+
+def _compose_rlep(fresh: RolloutBatch, store: RolloutStore, sampler: Sampler, config: ReplayConfig, step: int,
+                  rng: np.random.Generator, multiple_of: int, divide_by_std: bool, extra: int) -> Composition:
     if extra:
         raise ValueError("RLEP cannot take the rows of filtered groups (replay.refill): a filtered group has no "
                          "fresh rows for its replayed successes to join")

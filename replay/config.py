@@ -18,6 +18,7 @@ from typing import Any, Optional
 import replay.registry as registry
 from replay.registry import OffPolicyRule, ReplayMode
 
+UNREAD_ALPHA = 0.5  # `effective_alpha` where no mode's default applies (the method's exponent)
 
 
 def __getattr__(name: str) -> Any:
@@ -43,14 +44,13 @@ class ReplayConfig:
     warmup + 1 (OpenRLHF's log counts steps from 1; the buffer's step t counts from 0). Not
     applied with an offline pool (replay.success_pool), which is full before the first step."""
     max_age: Optional[int] = None
-    """Age limit in steps: a rollout older than this (age = step - version) is evicted. Unset: the
-    mode's default (10 for uniform, advantage; no age limit for naive, freshness, success); a
-    value beyond the run's length keeps every rollout until capacity pushes it out."""
+    """Age limit in steps: a rollout older than this (age = step - version) is evicted; a value
+    beyond the run's length keeps every rollout until capacity pushes it out. Unset: the mode's
+    default."""
     capacity: int = 30000
     """Most rollouts held; the oldest go first when full."""
     alpha: Optional[float] = None
-    """Priority exponent (advantage, freshness). Unset: the mode's default (0.6 for freshness,
-    0.5 for advantage)."""
+    """Priority exponent, for a mode whose sampler prioritises. Unset: the mode's default."""
     eps: float = 1e-6
     """Added to |A| (freshness: to |reward|) before the exponent, so every stored rollout can be
     drawn."""
@@ -78,15 +78,14 @@ class ReplayConfig:
     success_threshold: float = 0.5
     """A rollout is verified-correct when its reward > this."""
     min_abs_advantage: float = 1e-6
-    """Rollouts with |A| below this carry no gradient and are not stored (naive: whole groups;
-    not applied in success and freshness modes)."""
+    """Rollouts with |A| below this carry no gradient: a keep rule that reads it does not store them."""
     group_size: Optional[int] = None
     """Rollouts per prompt, K (exgrpo: its buckets are success counts out of K). Unset: the
     integration fills it from --rollout.n_samples_per_prompt when it builds the buffer; set, it
     must equal that."""
     off_policy: Optional[str] = None
     """How replayed rows enter the loss (pi_old and the importance weight); unset: the mode's
-    default (recompute for success, stale for the others). One registered rule (replay/modes.py):"""
+    default. One registered rule (replay/modes.py):"""
     m2_threshold: float = 0.04
     """M2PO (--replay.off_policy m2po): each micro-batch masks its tokens of largest
     (log pi_old - log pi_behaviour)^2 until the mean of the rest is below this (AReaL's
@@ -101,8 +100,7 @@ class ReplayConfig:
     filter drops is not replaced by a newly generated prompt; replayed rollouts take its rows in
     the step's batch instead (on top of the usual replayed share), so the step costs no extra
     generation. What the buffer cannot supply (the warm-up, a small buffer) is taken by inert rows
-    (no loss), so every step trains as many rows as it generated. Not with mode success (RLEP's
-    replayed rows join a fresh group of their own prompt, and a filtered group has none)."""
+    (no loss), so every step trains as many rows as it generated. A mode that cannot take them refuses it."""
     skip: bool = False
     """Pre-rollout skipping (GRESO's rule, docs/METHOD.md "Pre-rollout skipping"): before
     generation, a prompt whose latest groups were zero-variance (all rewards equal) is skipped with
@@ -131,10 +129,12 @@ class ReplayConfig:
         entry = registry.get_mode(self.mode)  # an unknown mode names the choices
         if self.off_policy is not None:
             registry.get_off_policy(self.off_policy)
-        if self.success_pool is not None and (entry is None or not entry.offline_pool
+        if self.success_pool is not None and (entry is None or entry.load_pool is None
                                               or not isinstance(self.success_pool, str) or not self.success_pool):
-            raise ValueError(f"replay.success_pool {self.success_pool!r} is a pool of successes for "
-                             f"replay.mode success (got replay.mode {self.mode!r}); unset it or use mode success")
+            takers = [e.name for e in registry.MODE_REGISTRY.values() if e.load_pool is not None]
+            raise ValueError(f"replay.success_pool {self.success_pool!r} is a pool of successes for replay.mode "
+                             f"{' or '.join(takers)} (got replay.mode {self.mode!r}); unset it or use mode "
+                             f"{' or '.join(takers)}")
         if self.success_pool is not None and self.max_age is not None:
             raise ValueError(f"replay.max_age {self.max_age} would evict the offline pool replay.success_pool "
                              f"{self.success_pool!r} (its rollouts are older than step 0): unset replay.max_age")
@@ -171,12 +171,11 @@ class ReplayConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"replay.{name} must be True or False, got {getattr(self, name)!r}")
         if entry is not None:
-            entry.check(self)
-        if self.refill and (entry is None or entry.no_refill):
+            entry.check(self)  # a mode that cannot refill refuses it there (`modes.refuses_refill`)
+        elif self.refill:
             raise ValueError(f"replay.refill fills the groups dynamic filtering drops with replayed rollouts, which "
-                             f"replay.mode {self.mode!r} cannot do (" + (
-                                 "nothing is replayed): pick a replay mode such as advantage" if entry is None else
-                                 f"{entry.no_refill}): unset replay.refill, or use another mode"))
+                             f"replay.mode {self.mode!r} cannot do (nothing is replayed): pick a replay mode such as "
+                             "advantage")
 
     # ---------------------------------------------------------------- derived values
 
@@ -208,10 +207,11 @@ class ReplayConfig:
 
     @property
     def effective_alpha(self) -> float:
-        """The priority exponent in force (the user's, else the mode's; 0.5 when replay is off)."""
+        """The priority exponent in force (the user's, else the mode's; 0.5 for a mode that reads none,
+        and when replay is off)."""
         if self.alpha is not None:
             return self.alpha
-        return self.entry.alpha if self.entry else ReplayMode.alpha
+        return UNREAD_ALPHA if self.entry is None or self.entry.alpha is None else self.entry.alpha
 
     @property
     def effective_off_policy(self) -> str:
@@ -232,23 +232,11 @@ class ReplayConfig:
         return 0 if self.success_pool else self.warmup
 
     def for_run(self, steps: int, group_size: int | None = None) -> ReplayConfig:
-        """This config with what derives from the run filled in: `group_size` (the run's rollouts
-        per prompt) where unset and the mode reads it, and what derives from the run's length, by
-        the mode's entry (freshness: beta_steps, unless set)."""
-        config, entry = self, self.entry
-        if group_size is not None and config.group_size is None and entry and entry.uses_group_size:
-            config = dataclasses.replace(config, group_size=group_size)
-        return entry.for_run(config, steps) if entry and entry.for_run else config
-
-    @property
-    def sampler_name(self) -> str | None:
-        """Its sampler's name (a key of samplers.SAMPLERS for those of samplers.py), None when replay is off."""
-        return self.entry.sampler.__name__ if self.entry else None
-
-    @property
-    def store_filter(self) -> str | None:
-        """Keep rule of the store (store.KEEP_RULES), None when replay is off."""
-        return self.entry.keep if self.entry else None
+        """This config with what derives from the run filled in by the mode's entry: from the run's
+        length (freshness: beta_steps, unless set) and from `group_size`, the run's rollouts per
+        prompt (exgrpo: its K, unless set). A mode that reads neither leaves its config, saved with
+        each buffer, as its flags made it."""
+        return self if self.entry is None else self.entry.for_run(self, steps, group_size)
 
     # ---------------------------------------------------------------- (de)serialisation
 
@@ -271,7 +259,7 @@ class ReplayConfig:
         group = parser.add_argument_group(prefix, cls.__doc__)
         for f in dataclasses.fields(cls):
             flag, dest, tp = f"--{prefix}.{f.name}", f"{prefix}.{f.name}", hints[f.name]
-            choices, text = _registry_choices(f.name, helps[f.name])
+            choices, text = _registry_help(f.name, helps[f.name], switch=tp is bool)
             text = f"{text} (default: {'unset' if f.default is None else f.default})"
             if tp is bool:
                 group.add_argument(flag, dest=dest, action="store_true", default=f.default, help=text)
@@ -295,14 +283,56 @@ class ReplayConfig:
         return cls(**values)
 
 
-def _registry_choices(name: str, text: str) -> tuple[tuple[str, ...] | None, str]:
-    """A registry flag's choices, and its help with every entry's own line (read when the parser is
-    built, so an entry registered before then is listed)."""
+def _registry_help(name: str, text: str, switch: bool = False) -> tuple[tuple[str, ...] | None, str]:
+    """A flag's choices where a registry holds them, and its help completed by what the registry's
+    entries say of it: each entry's own line, each mode's default, the modes that refuse it and the
+    keep rules that read it (`switch`: an on/off flag, asked of each mode's checks). Read when the
+    parser is built, so an entry registered before then is listed, and no per-mode fact is restated
+    in prose."""
+    choices = None
     if name == "mode":
-        return registry.mode_names(), f"{text} {registry.choices_help(registry.MODE_REGISTRY, 'none: plain GRPO')}."
-    if name == "off_policy":
-        return registry.off_policy_names(), f"{text} {registry.choices_help(registry.OFF_POLICY_REGISTRY)}."
-    return None, text
+        choices = registry.mode_names()
+        text = f"{text} {registry.choices_help(registry.MODE_REGISTRY, 'none: plain GRPO')}."
+    elif name == "off_policy":
+        choices = registry.off_policy_names()
+        text = f"{text} {registry.choices_help(registry.OFF_POLICY_REGISTRY)}."
+    defaults = _mode_defaults(name)
+    if defaults:
+        text += f" The modes' defaults: {defaults}."
+    refusing = _modes_refusing(**{name: True}) if switch else []
+    if refusing:
+        text += f" Modes that refuse it: {', '.join(refusing)}."
+    keeping = [entry.name for entry in registry.MODE_REGISTRY.values() if name in entry.keep.settings]
+    if keeping:
+        text += f" The modes whose keep rule reads it: {', '.join(keeping)}."
+    return choices, text
+
+
+def _mode_defaults(name: str) -> str:
+    """'value for mode, mode; value for mode' of the fields whose default each mode sets; '' for the others."""
+    entries = registry.MODE_REGISTRY.values()
+    pairs = {"max_age": [(e.name, "no age limit" if e.max_age_steps is None else e.max_age_steps) for e in entries],
+             "alpha": [(e.name, e.alpha) for e in entries if e.alpha is not None],
+             "off_policy": [(e.name, e.off_policy) for e in entries]}.get(name, [])
+    by_value: dict[Any, list[str]] = {}
+    for mode, value in pairs:
+        by_value.setdefault(value, []).append(mode)
+    return "; ".join(f"{value} for {', '.join(modes)}" for value, modes in by_value.items())
+
+
+def _modes_refusing(**changes: Any) -> list[str]:
+    """The modes (none too) whose checks accept their default config but refuse it with `changes`."""
+    refusing = []
+    for mode in registry.mode_names():
+        try:
+            ReplayConfig(mode=mode)
+        except ValueError:
+            continue
+        try:
+            ReplayConfig(mode=mode, **changes)
+        except ValueError:
+            refusing.append(mode)
+    return refusing
 
 
 @functools.lru_cache(maxsize=None)

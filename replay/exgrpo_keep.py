@@ -1,13 +1,14 @@
 """ExGRPO's storage rules, run when a step's rollouts enter the store: which are kept
-(`keep_successes`, the store's keep rule "exgrpo") and with what priority (`trajectory_scores`,
-the mode's on-insert hook). They live apart from `replay/exgrpo.py` (the draw) because the store
-calls the keep rule, and the draw imports the store's view: together they would be an import
-circle. Reference and rules: `replay/exgrpo.py`'s docstring and docs/METHOD.md section 3.
+(`keep_successes`, as the keep rule `EXGRPO_KEEP` its entry holds) and with what priority
+(`trajectory_scores`, the mode's on-insert hook). The draw, which reads what these rules stored,
+is `replay/exgrpo.py`. Reference and rules: `replay/exgrpo.py`'s docstring and docs/METHOD.md
+section 3.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from replay.keep import KeepRule
 from replay.record import RolloutBatch
 
 
@@ -44,3 +45,14 @@ def keep_successes(batch: RolloutBatch, ok: np.ndarray, *, threshold: float, min
     _, first = np.unique(group[marker_rows], return_index=True)
     keep[marker_rows[first]] = True
     return keep
+
+
+def _keep_successes(batch: RolloutBatch, ok: np.ndarray, *, success_threshold: float,
+                    min_abs_advantage: float) -> np.ndarray:
+    return keep_successes(batch, ok, threshold=success_threshold, min_abs_advantage=min_abs_advantage)
+
+
+# ExGRPO's entry (replay/modes.py) holds this rule; what it skips are failures (and the surplus
+# successes of solved groups), so they count as unsuccessful.
+EXGRPO_KEEP = KeepRule("exgrpo", _keep_successes, ("success_threshold", "min_abs_advantage"),
+                       skipped_counter="skipped_unsuccessful")

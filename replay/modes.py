@@ -1,28 +1,29 @@
 """The built-in replay modes and off-policy rules, one registry entry each (`replay/registry.py`).
 
-Every default of a mode is here, beside its sampler, keep rule, composer and hooks; docs/METHOD.md
-section 3 is the table of the same. RLEP's pool keeps every success of a prompt: a prompt returns
-once per epoch, so an age limit shorter than an epoch would empty it before its prompt comes back.
+Every default of a mode is here, beside its sampler, keep rule, composer, hooks and checks;
+docs/METHOD.md section 3 is the table of the same. A mode may instead live in a module of its own
+under `replay/plugins/` (README, "Adding a sampler or a mode"). RLEP's pool keeps every success of
+a prompt: a prompt returns once per epoch, so an age limit shorter than an epoch would empty it
+before its prompt comes back.
 FreshPER keeps every rollout, as its reference buffer does (its priority is |reward|, not |A|), and
 its alpha is 0.6; the method's is 0.5.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 import replay.exgrpo as exgrpo
 import replay.samplers as samplers
 from replay.composer import Composition, compose, compose_rlep, fresh_only, nominal_replay_count
-from replay.registry import ModeHooks, OffPolicyRule, ReplayMode, mode_names, off_policy_names, register_mode, \
-    register_off_policy
-
-# What format-1 code stored and ranked by in freshness mode (the other modes' rules are unchanged).
-FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
-                           "maximum, the drawn updated to max(|reward|, 1e-6)")
-_FRESHNESS_FORMAT_1 = {"keep rule": "nonzero_advantage", "priority rule": "(|A| + eps) ** alpha x exp(-age / tau)"}
+from replay.exgrpo_keep import EXGRPO_KEEP
+from replay.holding import KEEP_RULE, PRIORITY_RULE
+from replay.keep import EVERYTHING, NONZERO_ADVANTAGE, NONZERO_GROUP, SUCCESSES
+from replay.pool import load_pool
+from replay.registry import CheckpointRules, ModeHooks, OffPolicyRule, ReplayMode, mode_names, off_policy_names, \
+    register_mode, register_off_policy
 
 
 def ratio_target(config: Any, n_fresh: int, n_groups: int, multiple_of: int = 1) -> int:
@@ -30,8 +31,30 @@ def ratio_target(config: Any, n_fresh: int, n_groups: int, multiple_of: int = 1)
     return nominal_replay_count(n_fresh, config.ratio, multiple_of)
 
 
-def ratio_text(config: Any, prompts: int, fresh: int) -> str:
-    return f"--replay.ratio {config.ratio} x {fresh} fresh rollouts"
+def refuses_refill(why: str) -> Callable[[Any], None]:
+    """A mode's `check` that refuses `--replay.refill`, saying `why` it cannot take filtered groups' rows."""
+    def check(config: Any) -> None:
+        if config.refill:
+            raise ValueError(f"replay.refill fills the groups dynamic filtering drops with replayed rollouts, which "
+                             f"replay.mode {config.mode!r} cannot do ({why}): unset replay.refill, or use another mode")
+    return check
+
+
+def runs_with(estimators: tuple[str, ...], why: str, kl_in_reward: bool = True) -> Callable[[Any, Any], list[str]]:
+    """A mode's `launch_errors`: it runs only with upstream's advantage `estimators` (`why` says
+    why), and, unless `kl_in_reward`, not with KL folded into the reward (it recomputes advantages
+    as it composes a step, which would drop the penalty folded into the per-token ones)."""
+    def errors(config: Any, args: Any) -> list[str]:
+        out, estimator, kl = [], args.algo.advantage.estimator, args.algo.kl
+        if estimator not in estimators:
+            out.append(f"--replay.mode {config.mode} runs with --algo.advantage.estimator {' or '.join(estimators)} "
+                       f"({why}), not {estimator}; pass --algo.advantage.estimator {estimators[0]}")
+        if kl.init_coef > 0 and not kl.use_loss and not kl_in_reward:
+            out.append(f"--replay.mode {config.mode} recomputes advantages as it composes a step, which would drop "
+                       "the KL penalty folded into the per-token advantages; use KL as a loss (--algo.kl.use_loss) "
+                       "or --algo.kl.init_coef 0")
+        return out
+    return errors
 
 
 # -------------------------------------------------------------------- FreshPER
@@ -63,8 +86,26 @@ def _freshness_check_buffer(config) -> None:
                          "in steps (config.for_run(steps)), or beta_end to beta_start for a fixed beta")
 
 
-def _freshness_for_run(config, steps: int):
+def _freshness_for_run(config, steps: int, group_size: int | None):
     return config if config.beta_steps is not None else dataclasses.replace(config, beta_steps=steps)
+
+
+# What freshness mode's stored priorities mean: a holding rule, so a file kept by another does not resume.
+FRESHNESS_PRIORITY_RULE = ("reward_fresh: (|reward| + eps) x exp(-age / tau), the newest insertion at the running "
+                           "maximum, the drawn updated to max(|reward|, 1e-6)")
+
+
+class FreshnessCheckpoint(CheckpointRules):
+    """FreshPER's stored priorities mean `FRESHNESS_PRIORITY_RULE`; format-1 code kept and ranked
+    rollouts by another rule, so its files do not resume here."""
+
+    def holding(self, config):
+        return {PRIORITY_RULE: FRESHNESS_PRIORITY_RULE}
+
+    def format_1(self, config, rules):
+        old = {KEEP_RULE: "nonzero_advantage", PRIORITY_RULE: "(|A| + eps) ** alpha x exp(-age / tau)",
+               "replay.min_abs_advantage": config.min_abs_advantage}
+        return {k: v for k, v in rules.items() if k != PRIORITY_RULE} | old
 
 
 def _advantage_check(config) -> None:
@@ -86,7 +127,7 @@ def _per_prompt_text(config, prompts: int, fresh: int) -> str:
     return f"--replay.per_prompt {config.per_prompt} x {prompts} prompts"
 
 
-def _rlep_describe(config, args, rows: int) -> str:
+def _rlep_describe(config, args, rows: int, common: str) -> str:
     pool = (f"from the first step, from the offline pool {config.success_pool} (no warm-up: it is full before "
             "the run)" if config.success_pool else f"after step {config.warmup}, from the in-run pool (the run's "
             "own successes: a prompt's from its second visit, once per epoch)")
@@ -103,33 +144,33 @@ def _compose_fresh_anchored(fresh, store, sampler, config, step, rng, multiple_o
 
 # -------------------------------------------------------------------- the entries
 
-COMMON = dict(composer=_compose_fresh_anchored, target=ratio_target, count_text=ratio_text)
+COMMON = dict(composer=_compose_fresh_anchored, target=ratio_target)
 
 register_mode(ReplayMode(
     name="naive", help="whole groups, FIFO, uniform with replacement", sampler=samplers.group,
-    knobs=lambda c: {}, keep="nonzero_group", **COMMON))
+    keep=NONZERO_GROUP, **COMMON))
 register_mode(ReplayMode(
     name="uniform", help="every stored rollout equally likely", sampler=samplers.uniform,
-    knobs=lambda c: dict(replacement=c.replacement), keep="nonzero_advantage", max_age_steps=10, **COMMON))
+    knobs=lambda c: dict(replacement=c.replacement), keep=NONZERO_ADVANTAGE, max_age_steps=10, **COMMON))
 register_mode(ReplayMode(
     name="advantage", help="the method: priority (|A| + eps) ** alpha", sampler=samplers.advantage,
     knobs=lambda c: dict(alpha=c.effective_alpha, eps=c.eps, replacement=c.replacement),
-    keep="nonzero_advantage", max_age_steps=10, check=_advantage_check, **COMMON))
+    keep=NONZERO_ADVANTAGE, max_age_steps=10, alpha=0.5, check=_advantage_check, **COMMON))
 register_mode(ReplayMode(
     name="freshness", help="FreshPER: PER by |reward| decayed by age, every rollout stored",
     sampler=samplers.freshness,
     knobs=lambda c: dict(alpha=c.effective_alpha, tau=c.tau, beta_start=c.beta_start, beta_end=c.beta_end,
                          beta_steps=c.beta_steps),
-    keep="all", alpha=0.6, hooks=FreshPERHooks, check=_freshness_check, check_buffer=_freshness_check_buffer,
-    for_run=_freshness_for_run, priority_rule=FRESHNESS_PRIORITY_RULE, format_1_rules=_FRESHNESS_FORMAT_1, **COMMON))
+    keep=EVERYTHING, alpha=0.6, hooks=FreshPERHooks, check=_freshness_check, check_buffer=_freshness_check_buffer,
+    for_run=_freshness_for_run, checkpoint=FreshnessCheckpoint(), **COMMON))
 register_mode(ReplayMode(
     name="success", help="RLEP: verified-correct rollouts join their prompt's fresh group",
     sampler=samplers.success, knobs=lambda c: dict(threshold=c.success_threshold, per_prompt=c.per_prompt),
-    keep="success", composer=compose_rlep, target=_per_prompt_target, off_policy="recompute", offline_pool=True,
-    rewrites_fresh_advantages=True, estimators=("group_norm", "dr_grpo"), kl_in_reward=False,
-    estimators_why="it recomputes group advantages over the enlarged groups",
-    no_refill="RLEP's replayed successes join the fresh group of their own prompt, and a filtered group has no rows "
-              "left to join",
+    keep=SUCCESSES, composer=compose_rlep, target=_per_prompt_target, off_policy="recompute", load_pool=load_pool,
+    check=refuses_refill("RLEP's replayed successes join the fresh group of their own prompt, and a filtered group "
+                         "has no rows left to join"),
+    launch_errors=runs_with(("group_norm", "dr_grpo"), "it recomputes group advantages over the enlarged groups",
+                            kl_in_reward=False),
     count_text=_per_prompt_text, describe=_rlep_describe))
 
 # -------------------------------------------------------------------- age 0 (a control)
@@ -156,10 +197,8 @@ def compose_age0(fresh, store, sampler, config, step, rng, multiple_of=1, *, div
 
 register_mode(ReplayMode(
     name="age0", help="a control: the replay part is this step's own rollouts with A != 0 (no old data)",
-    # the entry needs a sampler; compose_age0 never calls it (it does not read the store)
-    sampler=samplers.uniform, knobs=lambda c: dict(replacement=c.replacement), keep="nonzero_advantage",
-    max_age_steps=1, composer=compose_age0, target=ratio_target, count_text=ratio_text,
-    no_refill="it draws from the step's own rollouts, and a filtered group has none left"))
+    keep=NONZERO_ADVANTAGE, max_age_steps=1, composer=compose_age0, target=ratio_target,
+    check=refuses_refill("it draws from the step's own rollouts, and a filtered group has none left")))
 
 # -------------------------------------------------------------------- ExGRPO
 
@@ -176,6 +215,13 @@ class ExGRPOHooks(ModeHooks):
 def _exgrpo_knobs(config) -> dict[str, Any]:
     return dict(group_size=config.group_size, threshold=config.success_threshold,
                 min_abs_advantage=config.min_abs_advantage)
+
+
+def _exgrpo_for_run(config, steps: int, group_size: int | None):
+    """K, the run's rollouts per prompt, unless set."""
+    if group_size is None or config.group_size is not None:
+        return config
+    return dataclasses.replace(config, group_size=group_size)
 
 
 def _exgrpo_check_buffer(config) -> None:
@@ -200,7 +246,7 @@ def _compose_exgrpo(fresh, store, sampler, config, step, rng, multiple_of=1, *, 
     return dataclasses.replace(comp, replayed=comp.replayed.replace(advantages=adv))
 
 
-def _exgrpo_describe(config, args, rows: int) -> str:
+def _exgrpo_describe(config, args, rows: int, common: str) -> str:
     return (f"replay: mode exgrpo (ExGRPO), after step {config.warmup} one stored success of each of up to {rows} "
             f"questions a step (fewer when fewer are replayable, in whole --train.batch_size {args.train.batch_size} "
             f"batches) beside {args.rollout.batch_size * args.rollout.n_samples_per_prompt} fresh rollouts; buckets "
@@ -210,11 +256,12 @@ def _exgrpo_describe(config, args, rows: int) -> str:
 
 register_mode(ReplayMode(
     name="exgrpo", help="ExGRPO: questions of medium success rate, each its lowest-perplexity stored success, "
-    "trained on a shaped objective", sampler=exgrpo.exgrpo, knobs=_exgrpo_knobs, keep="exgrpo",
-    composer=_compose_exgrpo, target=ratio_target, count_text=ratio_text, off_policy="exgrpo", hooks=ExGRPOHooks,
-    check_buffer=_exgrpo_check_buffer, estimators=("group_norm", "dr_grpo", "rloo"),
-    estimators_why="its retirement marker is a success of advantage 0, which an all-correct group has under these",
-    kl_in_reward=False, uses_group_size=True, describe=_exgrpo_describe))
+    "trained on a shaped objective", sampler=exgrpo.exgrpo, knobs=_exgrpo_knobs, keep=EXGRPO_KEEP,
+    composer=_compose_exgrpo, target=ratio_target, off_policy="exgrpo", hooks=ExGRPOHooks,
+    check_buffer=_exgrpo_check_buffer, for_run=_exgrpo_for_run,
+    launch_errors=runs_with(("group_norm", "dr_grpo", "rloo"), "its retirement marker is a success of advantage 0, "
+                            "which an all-correct group has under these", kl_in_reward=False),
+    describe=_exgrpo_describe))
 
 # Upstream's IS corrections that weigh a token by pi_old / pi_behaviour (token level, by the ratio):
 # `clip` truncates the weight to the threshold band, `mask` drops tokens outside it.
@@ -222,21 +269,23 @@ TOKEN_CLIP = ("token", "clip", "ratio")
 TOKEN_MASK = ("token", "mask", "ratio")
 
 register_off_policy(OffPolicyRule(
-    name="stale", help="pi_old is the stored behaviour log-prob (every mode but RLEP)"))
+    name="stale", help="pi_old is the stored behaviour log-prob"))
 register_off_policy(OffPolicyRule(
     name="refresh", help="pi_old recomputed under the current weights, with a truncated IS weight",
     recompute_old=True, corrections=(TOKEN_CLIP,)))
 register_off_policy(OffPolicyRule(
-    name="recompute", help="pi_old recomputed under the current weights, no IS weight (RLEP)",
+    name="recompute", help="pi_old recomputed under the current weights, no IS weight (RLEP's reference)",
     recompute_old=True, behaviour_weight=False))
 register_off_policy(OffPolicyRule(
     name="m2po", help="M2PO: as refresh, and each micro-batch masks its tokens of largest "
     "(log pi_old - log pi_behaviour)^2 until their mean is below --replay.m2_threshold",
-    recompute_old=True, corrections=(TOKEN_MASK, TOKEN_CLIP), m2_mask=True))
+    recompute_old=True, corrections=(TOKEN_MASK, TOKEN_CLIP), corrections_hint="M2PO=1 in examples/scripts sets them",
+    loss_settings=lambda c: dict(m2_threshold=c.m2_threshold)))
 
 register_off_policy(OffPolicyRule(
     name="exgrpo", help="ExGRPO: pi_old is the stored behaviour log-prob, and replayed rows train on "
-    "-A w / (w + 0.1), unclipped (policy shaping; exgrpo's default)", policy_shaping=True))
+    "-A w / (w + 0.1), unclipped (policy shaping)",
+    loss="openrlhf_replay.trainer.ray.ppo_actor:ShapedSplitStatsPolicyLoss"))
 
 MODES = mode_names()  # the built-in ones; `registry.mode_names()` also lists those registered later
 OFF_POLICY = off_policy_names()

@@ -1,15 +1,16 @@
 """The registry of replay modes and off-policy rules: one entry holds everything a variant is.
 
-A mode used to be spread over parallel tables (its name, its defaults, its sampler, the knobs bound
-to it) and over branches on its name in the buffer, the composer and the launcher. Here it is one
-`ReplayMode` entry, registered once (`register_mode`); every other module reads the entry's fields
-and calls its hooks, and none branches on a name. Off-policy handling of replayed rows (how pi_old
-and the importance weight are formed) is the same: one `OffPolicyRule` per choice. The idea follows
-verl's `@register_adv_est` and TorchRL's `Sampler` objects (which carry their own update and state
-hooks); the code is this project's.
+A mode is one `ReplayMode` entry, registered once (`register_mode`). The entry holds its behaviour
+as objects and functions: its sampler, keep rule, composer, state hooks, checkpoint rules and the
+launcher's checks and lines. The code that runs a mode calls what the entry holds; nothing
+branches on a mode's name, nor on a field only one mode sets. Off-policy handling of replayed rows
+(how pi_old and the importance weight are formed) is the same: one `OffPolicyRule` per choice.
+The shape follows verl's registries (`@register_policy_loss`, `@register_adv_est`: one registered
+function per variant, an unknown name answered with the valid ones) and TorchRL's replay buffer
+(storage, writer and sampler as objects, each carrying its own state); the code is this project's.
 
 This module is pure: it imports nothing of the project, so `config.py` can read the registry while
-the built-in entries (`replay/modes.py`) import the samplers and composers they name.
+the built-in entries (`replay/modes.py`) and those of `replay/plugins/` import what they hold.
 """
 from __future__ import annotations
 
@@ -42,33 +43,71 @@ class ModeHooks:
             raise ValueError(f"{type(self).__name__} keeps no state, but the file holds {sorted(state)}")
 
 
+class CheckpointRules:
+    """A mode's checkpoint rules: what it adds to the holding rules every replay checkpoint records
+    (`replay/holding.py`: the common ones and its keep rule's are added for every mode), and the
+    rules files of an older format were written under. The default adds nothing and has no history.
+    A resume refuses a file whose rules differ from the run's."""
+
+    def holding(self, config: Any) -> dict[str, Any]:
+        """Rules of its own, e.g. what its stored priorities mean (FreshPER's)."""
+        return {}
+
+    def format_1(self, config: Any, rules: dict[str, Any]) -> dict[str, Any]:
+        """`rules` (today's, for `config`) as format-1 code of this mode had them."""
+        return rules
+
+
 def _no_check(config: Any) -> None:
     return None
 
 
+def _no_knobs(config: Any) -> dict[str, Any]:
+    return {}
+
+
+def _as_is(config: Any, steps: int, group_size: int | None) -> Any:
+    return config
+
+
+def _no_launch_errors(config: Any, args: Any) -> list[str]:
+    return []
+
+
+def ratio_count_text(config: Any, prompts: int, fresh: int) -> str:
+    """What sets a fresh-anchored mode's replayed count, for the launcher's messages."""
+    return f"--replay.ratio {config.ratio} x {fresh} fresh rollouts"
+
+
+def _common_line(config: Any, args: Any, rows: int, common: str) -> str:
+    return common
+
+
 @dataclass(frozen=True)
 class ReplayMode:
-    """Everything one `--replay.mode` is (docs/METHOD.md section 3)."""
+    """Everything one `--replay.mode` is (docs/METHOD.md section 3). The code that runs a mode calls
+    what its entry holds and never asks which mode it is."""
 
     name: str
     help: str
     """One sentence for `--replay.mode`'s help."""
-    sampler: Callable[..., Any]
-    """Its sampler, `f(view, k, step, rng, *, fresh_prompt_uids, <knobs>) -> Draw` (samplers.py)."""
-    knobs: Callable[[Any], dict[str, Any]]
-    """config -> the sampler's keyword knobs, bound once when the buffer is built."""
-    keep: str
-    """The store's keep rule, one of `store.KEEP_RULES`."""
+    keep: Any
+    """Its keep rule, a `replay.keep.KeepRule`: which rollouts the store holds."""
     composer: Callable[..., Any]
     """`f(fresh, store, sampler, config, step, rng, multiple_of, *, divide_by_std, extra) -> Composition`
     (`extra`: rows dynamic filtering dropped, for replay to take with `--replay.refill`)."""
     target: Callable[[Any, int, int, int], int]
     """(config, n_fresh, n_groups, multiple_of) -> rollouts a step replays once the store holds
     enough (`composer.replay_target`)."""
+    sampler: Callable[..., Any] | None = None
+    """Its sampler, `f(view, k, step, rng, *, fresh_prompt_uids, <knobs>) -> Draw`, wherever it is
+    defined; None for a composer that draws nothing from the store."""
+    knobs: Callable[[Any], dict[str, Any]] = _no_knobs
+    """config -> the sampler's keyword knobs, bound once when the buffer is built."""
     max_age_steps: int | None = None
     """Default age limit in steps; None: no age limit (FIFO by capacity only)."""
-    alpha: float = 0.5
-    """Default priority exponent (for samplers that prioritise)."""
+    alpha: float | None = None
+    """Default priority exponent, for a sampler that prioritises; None: it reads none."""
     off_policy: str = "stale"
     """Default off-policy rule of its replayed rows, a registered `OffPolicyRule`."""
     hooks: type[ModeHooks] = ModeHooks
@@ -77,32 +116,21 @@ class ReplayMode:
     """Raises ValueError, with the fix, for a config this mode cannot run (after the common checks)."""
     check_buffer: Callable[[Any], None] = _no_check
     """The same, for what must be settled before a buffer is built (e.g. the run's length)."""
-    for_run: Callable[[Any, int], Any] | None = None
-    """(config, steps) -> the config with what derives from the run's length filled in."""
-    priority_rule: str | None = None
-    """Checkpoint rule: what its stored priorities mean, when they mean anything (a holding rule)."""
-    format_1_rules: Mapping[str, Any] | None = None
-    """Checkpoint rule: the holding rules format-1 files of this mode were written under, where they
-    differ from today's (None: the same)."""
-    uses_group_size: bool = False
-    """Its knobs read `group_size` (K, the run's rollouts per prompt), which `for_run` then fills
-    in; other modes leave it unset, so their saved configs (and digests) do not change."""
-    no_refill: str = ""
-    """Why it cannot take the rows of groups dynamic filtering drops (`--replay.refill`); empty: it can."""
-    offline_pool: bool = False
-    """Accepts `--replay.success_pool` (a pool built before training)."""
-    rewrites_fresh_advantages: bool = False
-    """Its composer recomputes fresh rows' advantages (the integration writes them back)."""
-    estimators: tuple[str, ...] | None = None
-    """The upstream advantage estimators it runs with; None: every one replay runs with."""
-    estimators_why: str = ""
-    """Why only those, for the launcher's refusal of another."""
-    kl_in_reward: bool = True
-    """Runs with KL folded into the reward (its stored per-token advantages survive composing)."""
-    count_text: Callable[[Any, int, int], str] | None = None
+    for_run: Callable[[Any, int, int | None], Any] = _as_is
+    """(config, steps, group_size) -> the config with what derives from the run filled in (its
+    length; K, the run's rollouts per prompt, which is None when unknown)."""
+    checkpoint: CheckpointRules = CheckpointRules()
+    """Its checkpoint rules, beyond the common ones and its keep rule's."""
+    load_pool: Callable[[str], Any] | None = None
+    """Loads `--replay.success_pool`, a pool built before training (`replay.pool.load_pool`);
+    None: the mode takes no such pool."""
+    launch_errors: Callable[[Any, Any], list[str]] = _no_launch_errors
+    """(config, upstream's nested args) -> why the launcher must refuse this run, each with its fix
+    (e.g. an advantage estimator the mode cannot run with)."""
+    count_text: Callable[[Any, int, int], str] = ratio_count_text
     """(config, prompts, fresh rollouts) -> what sets its replayed count, for the launcher's messages."""
-    describe: Callable[[Any, Any, int], str] | None = None
-    """(config, nested args, rows per step) -> the launcher's start-up line; None: the common one."""
+    describe: Callable[[Any, Any, int, str], str] = _common_line
+    """(config, nested args, rows per step, the common line) -> the launcher's start-up line."""
 
 
 @dataclass(frozen=True)
@@ -118,11 +146,16 @@ class OffPolicyRule:
     pi_old / pi_behaviour; False: it takes pi_old too, and the weight is exactly 1."""
     corrections: tuple[tuple[str, str, str], ...] = ()
     """Upstream IS corrections (level, mode, gating) it needs, one of them; () for none."""
-    m2_mask: bool = False
-    """Loss side: M2PO's second-moment mask over each micro-batch's tokens (`--replay.m2_threshold`)."""
-    policy_shaping: bool = False
-    """Loss side: replayed rows train on ExGRPO's shaped objective -A w / (w + 0.1), unclipped, in
-    place of upstream's clipped ratio (`openrlhf_replay/trainer/exgrpo_loss.py`)."""
+    corrections_hint: str = ""
+    """Appended to the launcher's refusal when those corrections are missing (where to find them)."""
+    loss: str | None = None
+    """Loss side: the actor's policy loss under this rule, "module:Class" of a subclass of the
+    integration's `SplitStatsPolicyLoss` (ExGRPO's shaped objective on replayed rows). The
+    integration imports it (`ppo_actor.py:policy_loss_class`); this pure core only names it.
+    None: `SplitStatsPolicyLoss`, upstream's loss with per-kind statistics."""
+    loss_settings: Callable[[Any], dict[str, Any]] = _no_knobs
+    """Loss side: config -> attributes set on the actor's loss (M2PO: the threshold of its
+    second-moment mask over each micro-batch's tokens, `--replay.m2_threshold`)."""
 
     @property
     def behaviour_apart_from_old(self) -> bool:
@@ -138,9 +171,29 @@ NONE = "none"  # replay off: upstream's run, no entry
 
 
 def register_mode(entry: ReplayMode) -> ReplayMode:
-    """Add a mode; its name becomes a `--replay.mode` choice. A second entry of one name is an error."""
+    """Add a mode; its name becomes a `--replay.mode` choice. A second entry of one name is an error,
+    and so is an entry holding something other than what its fields say."""
+    _check_mode(entry)
     _register(MODE_REGISTRY, entry, "replay mode")
     return entry
+
+
+_MODE_FUNCTIONS = ("composer", "target", "knobs", "check", "check_buffer", "for_run", "launch_errors", "count_text",
+                   "describe")
+
+
+def _check_mode(entry: ReplayMode) -> None:
+    wrong = [f"{name} (a function)" for name in _MODE_FUNCTIONS if not callable(getattr(entry, name))]
+    wrong += [f"{name} (a function or None)" for name in ("sampler", "load_pool")
+              if getattr(entry, name) is not None and not callable(getattr(entry, name))]
+    if not (callable(entry.keep) and isinstance(getattr(entry.keep, "settings", None), tuple)):
+        wrong.append("keep (a replay.keep.KeepRule)")
+    if not isinstance(entry.checkpoint, CheckpointRules):
+        wrong.append("checkpoint (a CheckpointRules)")
+    if not (isinstance(entry.hooks, type) and issubclass(entry.hooks, ModeHooks)):
+        wrong.append("hooks (a ModeHooks subclass)")
+    if wrong:
+        raise ValueError(f"replay mode {entry.name!r} must hold {'; '.join(wrong)}")
 
 
 def register_off_policy(rule: OffPolicyRule) -> OffPolicyRule:
@@ -193,6 +246,6 @@ def choices_help(table: Mapping[str, Any], first: str | None = None) -> str:
     return "; ".join(([first] if first else []) + [f"{e.name}: {e.help}" for e in table.values()])
 
 
-__all__ = ["ModeHooks", "ReplayMode", "OffPolicyRule", "MODE_REGISTRY", "OFF_POLICY_REGISTRY", "NONE",
-           "register_mode", "register_off_policy", "unregister_mode", "mode_names", "off_policy_names",
-           "get_mode", "get_off_policy", "choices_help"]
+__all__ = ["ModeHooks", "CheckpointRules", "ReplayMode", "OffPolicyRule", "MODE_REGISTRY", "OFF_POLICY_REGISTRY",
+           "NONE", "register_mode", "register_off_policy", "unregister_mode", "mode_names", "off_policy_names",
+           "get_mode", "get_off_policy", "choices_help", "ratio_count_text"]

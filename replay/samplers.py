@@ -4,14 +4,16 @@
 
 and return indices into `view` (never data). Knobs (alpha, tau, ...) are keyword-only, without
 defaults of their own: `sampler_from_config` binds the config's values through the mode's registry
-entry (`replay/modes.py`, the one place defaults live). Randomness comes only from `rng`.
+entry (`replay/modes.py`, the one place defaults live). Randomness comes only from `rng`. A mode's
+entry holds its sampler itself, so a sampler may live here or in the mode's own module (ExGRPO's:
+`replay/exgrpo.py`); nothing lists them by name.
 """
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -220,26 +222,13 @@ def group(view: StoreView, k: int, step: int, rng: np.random.Generator, *,
     return Draw.of(members[pos], ess=len(starts), candidates=len(starts), groups_drawn=m)
 
 
-SAMPLERS: dict[str, Callable[..., Draw]] = {
-    "uniform": uniform,
-    "advantage": advantage,
-    "freshness": freshness,
-    "success": success,
-    "group": group,
-}
-
-
-def get_sampler(name: str) -> Callable[..., Draw]:
-    """The registered sampler `name`, its knobs unbound (see `sampler_from_config`)."""
-    try:
-        return SAMPLERS[name]
-    except KeyError:
-        raise ValueError(f"unknown sampler {name!r}; valid: {', '.join(sorted(SAMPLERS))}") from None
-
-
-def sampler_from_config(config: ReplayConfig) -> Sampler:
-    """The config's sampler with its knobs bound by the mode's entry, leaving the common signature."""
+def sampler_from_config(config: ReplayConfig) -> Sampler | None:
+    """The mode's sampler (its registry entry's, wherever it is defined) with its knobs bound by
+    the entry, leaving the common signature; None for a mode whose composer draws nothing from the
+    store (age0)."""
     entry = config.entry
     if entry is None:
         raise ValueError(f"replay.mode={config.mode!r} samples nothing")
+    if entry.sampler is None:
+        return None
     return functools.partial(entry.sampler, **entry.knobs(config))

@@ -17,45 +17,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from replay.chunk import Chunk
-from replay.exgrpo_keep import keep_successes
+from replay.keep import SKIP_COUNTERS, KeepRule
 from replay.record import REFUSAL_REASONS, ROLLOUT_FIELDS, TOKEN_COLUMNS, RolloutBatch, gather_segments, refusals
+from replay.rows import VIEW_DTYPES, RowTable
 
-def _informative(batch: RolloutBatch, ok: np.ndarray, store: RolloutStore) -> np.ndarray:
-    return np.abs(batch.advantages) >= store.min_abs_advantage
-
-
-def _informative_groups(batch: RolloutBatch, ok: np.ndarray, store: RolloutStore) -> np.ndarray:
-    _, group = np.unique(batch.group_ids, return_inverse=True)
-    weights = _informative(batch, ok, store) & ok
-    return (np.bincount(group, weights=weights, minlength=group.max(initial=-1) + 1) > 0)[group]
-
-
-# What an insertion keeps, each rule (batch, ok, store) -> (n,) bool over the valid rollouts `ok`
-# (errors and non-finite values are refused before any rule): nonzero_advantage: |A| >=
-# min_abs_advantage; nonzero_group: whole groups with at least one such rollout (naive replay
-# works on groups); success: reward > success_threshold; all; exgrpo: the successes of groups with
-# |A| >= min_abs_advantage, and one of each all-correct group as its question's retirement marker
-# (`replay/exgrpo_keep.py:keep_successes`).
-_KEEP = {
-    "nonzero_advantage": _informative,
-    "nonzero_group": _informative_groups,
-    "success": lambda batch, ok, store: batch.rewards > store.success_threshold,
-    "all": lambda batch, ok, store: np.ones(len(batch), np.bool_),
-    "exgrpo": lambda batch, ok, store: keep_successes(batch, ok, threshold=store.success_threshold,
-                                                       min_abs_advantage=store.min_abs_advantage),
-}
-KEEP_RULES = tuple(_KEEP)
-SUCCESS_RULES = ("success", "exgrpo")  # rules that refuse failures: what they skip counts as unsuccessful
-COUNTER_KEYS = ("inserted", "skipped_zero_adv", "skipped_unsuccessful", "evicted_age", "evicted_capacity") + tuple(
+COUNTER_KEYS = ("inserted", *SKIP_COUNTERS, "evicted_age", "evicted_capacity") + tuple(
     f"refused/{r}" for r in REFUSAL_REASONS
 )
-# The per-rollout table's columns: what `StoreView` shows, then where each rollout's tokens sit
-# (the number of its chunk, counted since the store was created or loaded, and its token ranges).
-# "priorities" is prioritised replay's per-rollout state (FreshPER's stored priority; 1.0 where
-# no sampler keeps one), set on insertion and by `update_priorities` after a draw.
-_VIEW_DTYPES = {k: getattr(RolloutBatch.empty(), k).dtype for k in ROLLOUT_FIELDS} | {
-    "serials": np.int64, "response_lengths": np.int64, "priorities": np.float64}
-_ROW_DTYPES = _VIEW_DTYPES | dict.fromkeys(("chunk", "p_start", "p_end", "r_start", "r_end"), np.int64)
 
 
 @dataclass(frozen=True)
@@ -100,73 +68,31 @@ class StoreView:
         return step - self.versions
 
 
-class _Rows:
-    """Per-rollout columns of the live rollouts, oldest first, appended at the back and dropped from
-    the front without copying the rest: each column is a slice of a backing array with room to
-    grow, and the live rows move to new backing arrays, twice their size, only when that room is
-    used up (amortised O(1) per row). Nothing is written where a slice already handed out can see
-    (appends go past it, `assign` writes a new backing array), so handed-out slices are snapshots."""
-
-    def __init__(self) -> None:
-        self._backing = {k: np.zeros(0, dt) for k, dt in _ROW_DTYPES.items()}
-        self._head = self._tail = 0
-
-    def __len__(self) -> int:
-        return self._tail - self._head
-
-    def live(self) -> dict[str, np.ndarray]:
-        return {k: b[self._head:self._tail] for k, b in self._backing.items()}
-
-    def append(self, columns: dict[str, np.ndarray]) -> None:
-        n = len(columns["serials"])
-        if self._tail + n > len(self._backing["serials"]):
-            live, size = self.live(), 2 * (len(self) + n)
-            self._backing = {k: np.empty(size, b.dtype) for k, b in self._backing.items()}
-            for k, b in self._backing.items():
-                b[:len(live[k])] = live[k]
-            self._head, self._tail = 0, len(self)
-        for k, b in self._backing.items():
-            b[self._tail:self._tail + n] = columns[k]
-        self._tail += n
-
-    def drop_oldest(self, n: int) -> None:
-        self._head += n
-
-    def assign(self, name: str, values: np.ndarray) -> None:
-        """Set column `name` of the live rows to `values`, in a new backing array."""
-        backing = self._backing[name].copy()
-        backing[self._head:self._tail] = values
-        self._backing[name] = backing
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._backing.values())
-
-
 class RolloutStore:
     """Holds rollouts up to `capacity`, evicting those older than `max_age_steps` (None: never)."""
 
-    def __init__(self, capacity: int, max_age_steps: int | None, *, keep: str = "nonzero_advantage",
-                 min_abs_advantage: float = 1e-6, success_threshold: float = 0.5,
-                 token_columns: tuple[str, ...] = ()) -> None:
-        """`token_columns`: the optional per-token columns (`record.TOKEN_COLUMNS`) every stored
-        rollout carries; an insertion with other ones is an error."""
+    def __init__(self, capacity: int, max_age_steps: int | None, *, keep: KeepRule,
+                 token_columns: tuple[str, ...] = (), **settings: Any) -> None:
+        """`keep`: which valid rollouts an insertion stores (`replay/keep.py`), with `settings` the
+        values of the config fields it reads (e.g. `min_abs_advantage=1e-6`). `token_columns`: the
+        optional per-token columns (`record.TOKEN_COLUMNS`) every stored rollout carries; an
+        insertion with other ones is an error."""
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         if max_age_steps is not None and (isinstance(max_age_steps, bool) or not isinstance(max_age_steps, int)
                                           or max_age_steps < 0):
             raise ValueError(f"max_age_steps must be None (no limit) or an integer >= 0, got {max_age_steps!r}")
-        if keep not in KEEP_RULES:
-            raise ValueError(f"keep must be one of {', '.join(KEEP_RULES)}; got {keep!r}")
+        if not isinstance(keep, KeepRule):
+            raise ValueError(f"keep must be a KeepRule (replay/keep.py), got {keep!r}")
         self.capacity, self.max_age_steps, self.keep = capacity, max_age_steps, keep
-        self.min_abs_advantage, self.success_threshold = min_abs_advantage, success_threshold
+        self.keep_settings = keep.check_settings(settings)
         self.token_columns = tuple(c for c in TOKEN_COLUMNS if c in token_columns)
         if set(token_columns) - set(self.token_columns):
             raise ValueError(f"token_columns must be among {TOKEN_COLUMNS}, got {token_columns!r}")
         self.counters: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         self._chunks: collections.deque[Chunk] = collections.deque()
         self._chunks_dropped = 0  # the number of self._chunks[0] in the table's "chunk" column
-        self._rows = _Rows()
+        self._rows = RowTable()
         self._next_serial = 0
         self._newest_serial = 0  # rollouts with a serial from here on came in with the last insertion
         self.max_priority = 1.0  # PER's running maximum priority (new entries start at 1.0)
@@ -190,7 +116,7 @@ class RolloutStore:
             raise ValueError(f"insert: {len(priorities)} priorities for {len(batch)} rollouts")
         self._check_columns(batch, "insert")
         ok, refused = refusals(batch)
-        kept = ok & self._keep_rule(batch, ok)
+        kept = ok & self.keep(batch, ok, self.keep_settings)
         skipped = int(ok.sum() - kept.sum())
         rows = np.flatnonzero(kept)
         if version is not None:
@@ -210,15 +136,13 @@ class RolloutStore:
             self._next_serial += len(rows)
             self._last_version = int(versions[-1])
         self.counters["inserted"] += len(rows)
-        unsuccessful = self.keep in SUCCESS_RULES
-        self.counters["skipped_unsuccessful" if unsuccessful else "skipped_zero_adv"] += skipped
+        self.counters[self.keep.skipped_counter] += skipped
         for reason, count in refused.items():
             self.counters[f"refused/{reason}"] += count
         n_cap = self._enforce_capacity()
         return InsertResult(
             inserted=len(rows),
-            skipped_zero_adv=0 if unsuccessful else skipped,
-            skipped_unsuccessful=skipped if unsuccessful else 0,
+            **{counter: skipped if counter == self.keep.skipped_counter else 0 for counter in SKIP_COUNTERS},
             refused=refused,
             evicted_capacity=n_cap,
         )
@@ -327,9 +251,6 @@ class RolloutStore:
             values[:front.n_live] -= shift
             self._rows.assign(name, values)
 
-    def _keep_rule(self, batch: RolloutBatch, ok: np.ndarray) -> np.ndarray:
-        return _KEEP[self.keep](batch, ok, self)
-
     # ---------------------------------------------------------------- reading
 
     def view(self) -> StoreView:
@@ -388,7 +309,7 @@ class RolloutStore:
                 a.setflags(write=False)
             newest = rows["serials"] >= self._newest_serial
             newest.setflags(write=False)
-            view = StoreView(**{k: rows[k] for k in _VIEW_DTYPES}, newest=newest, max_priority=self.max_priority)
+            view = StoreView(**{k: rows[k] for k in VIEW_DTYPES}, newest=newest, max_priority=self.max_priority)
             self._cache = (view, rows, list(self._chunks))
         return self._cache
 
@@ -438,7 +359,7 @@ class RolloutStore:
             raise ValueError("store state versions must not decrease and must not exceed last_version")
         self._chunks.clear()
         self._chunks_dropped = 0
-        self._rows = _Rows()
+        self._rows = RowTable()
         if len(batch):  # copied: the store shares no array with the caller's state
             self._append(batch, np.arange(len(batch)), batch.versions, serials, priorities)
         self.counters = counters

@@ -277,8 +277,8 @@ def sweep(a: Args, log) -> list[dict]:
         log(f"{len(ungraded)} run(s) trained by an earlier call and not graded: graded now")
     failed = grade_all(a, ungraded, records, heldout, log)
     # `success` trains last: its pool comes from GRPO's seed 1, which must be finished first.
-    later = [job for job in pending if job[0] == "success"]
-    failed += train_all(a, [job for job in pending if job[0] != "success"], records, heldout, log)
+    later = [job for job in pending if str(success_pool_path(a)) in job[2]]  # its command reads the pool built here
+    failed += train_all(a, [job for job in pending if job not in later], records, heldout, log)
     if later and (se_analysis.BASELINE, 1) in records:
         build_success_pool(a, data, log)
         failed += train_all(a, later, records, heldout, log)

@@ -106,21 +106,17 @@ def replay_arg_errors(args) -> list[str]:
 
 
 def _training_errors(args, config: ReplayConfig) -> list[str]:
-    """Upstream training features replay cannot run with (KL RLEP cannot carry, RLEP with another
-    estimator, critic ranks that would not get equal shares, refill in async training, refresh
-    without upstream's clipped IS correction), and refill without dynamic filtering. Any LR schedule
+    """Upstream training features replay cannot run with (the mode's own refusals, its entry's
+    `launch_errors`: e.g. KL in the reward or another estimator under RLEP; critic ranks that would
+    not get equal shares, refill in async training, refresh without upstream's clipped IS
+    correction), and refill without dynamic filtering. Any LR schedule
     runs (the actor and critic pace it by rollout steps, `openrlhf_replay/trainer/lr_schedule.py`), and
     so do dynamic batching (`openrlhf_replay/trainer/ray/dynamic_batch.py`), dynamic filtering (a short
     fresh batch is completed by inert rows, `experience_maker.py:share_for_ranks`), a critic (`gae`:
     replayed rows' advantages are recomputed against the current critic,
     `openrlhf_replay/trainer/ppo_utils/critic.py`) and async training (the buffer in its training
     actor, `openrlhf_replay/trainer/ppo_trainer_async.py`)."""
-    errors = []
-    estimator = args.algo.advantage.estimator
-    entry = config.entry
-    if entry.estimators is not None and estimator not in entry.estimators:
-        errors.append(f"--replay.mode {config.mode} runs with --algo.advantage.estimator {' or '.join(entry.estimators)} "
-                      f"({entry.estimators_why}), not {estimator}; pass --algo.advantage.estimator {entry.estimators[0]}")
+    errors = config.entry.launch_errors(config, args)  # the mode's own: e.g. an estimator it cannot run with
     if config.group_size is not None and config.group_size != args.rollout.n_samples_per_prompt:
         errors.append(f"--replay.group_size {config.group_size} is K, the run's rollouts per prompt, which are "
                       f"--rollout.n_samples_per_prompt {args.rollout.n_samples_per_prompt}: drop --replay.group_size "
@@ -135,10 +131,6 @@ def _training_errors(args, config: ReplayConfig) -> list[str]:
                       "upstream's replacement of dropped groups and hands the trainer full batches, so there is "
                       "nothing to refill; drop --replay.refill (or --train.async_enable)")
     kl_on = args.algo.kl.init_coef > 0  # KL in the reward or as a loss: docs/METHOD.md section 2, "KL"
-    if kl_on and not args.algo.kl.use_loss and not entry.kl_in_reward:
-        errors.append(f"--replay.mode {config.mode} recomputes advantages as it composes a step, which would drop the KL "
-                      "penalty folded into the per-token advantages; use KL as a loss (--algo.kl.use_loss) or "
-                      "--algo.kl.init_coef 0")
     if kl_on and args.algo.kl.use_loss and config.success_pool:
         errors.append("--replay.success_pool: an offline pool holds no reference log-probs for KL as a loss; "
                       "leave it unset (the in-run pool) or pass --algo.kl.init_coef 0")
@@ -190,7 +182,7 @@ def off_policy_errors(args, config: ReplayConfig) -> list[str]:
     return [f"--replay.off_policy {rule.name} weighs each replayed token by an importance weight pi_old / pi_behaviour "
             f"(docs/METHOD.md); upstream does that with {wanted} (got {' / '.join(have)})"
             + (": mask drops tokens instead of truncating their weight" if have[1] == "mask" else "")
-            + ("; M2PO=1 in examples/scripts sets them" if rule.m2_mask else "")]
+            + (f"; {rule.corrections_hint}" if rule.corrections_hint else "")]
 
 
 def _batch_errors(args) -> list[str]:
@@ -222,9 +214,7 @@ def _nothing_replayed(args, config: ReplayConfig) -> list[str]:
     if replay_per_step(config, args) > 0:
         return []
     fresh = args.rollout.batch_size * args.rollout.n_samples_per_prompt
-    count_text = config.entry.count_text
-    wanted = (count_text(config, args.rollout.batch_size, fresh) if count_text else
-              f"--replay.ratio {config.ratio} x {fresh} fresh rollouts")
+    wanted = config.entry.count_text(config, args.rollout.batch_size, fresh)
     return [f"{wanted} rounds to 0 whole training batches of --train.batch_size {args.train.batch_size} "
             "(halves round up): replay more per step, or use a smaller --train.batch_size"]
 
@@ -254,14 +244,13 @@ def describe_replay(args) -> str:
     note = "" if k == wanted else (
         f" ({wanted} rounded to whole --train.batch_size {args.train.batch_size} batches, halves up, so every rank "
         "runs the same optimizer steps)")
-    if config.entry.describe is not None:
-        return config.entry.describe(config, args, k)
     refill = (" (with dynamic filtering, of the fresh rollouts kept); with --replay.refill, replayed rollouts "
               "also take the rows of the groups it drops (inert rows where the buffer has none)") \
         if config.refill else (" (with dynamic filtering, of the fresh rollouts kept)"
                                if args.algo.dynamic_filtering_enable else "")
-    return (f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step "
-            f"{config.warmup}{note}{refill}")
+    common = (f"replay: mode {config.mode}, {k} replayed + {fresh} fresh rollouts per step after step "
+              f"{config.warmup}{note}{refill}")
+    return config.entry.describe(config, args, k, common)  # the common line, unless the mode has its own
 
 
 def _install_replay_classes(stack: contextlib.ExitStack) -> None:

@@ -19,7 +19,7 @@ from openrlhf_replay.trainer.exgrpo_loss import ShapedReplayPolicyLoss
 from openrlhf_replay.trainer.ppo_utils.experience import INERT_KEY, REPLAYED_KEY
 from openrlhf_replay.trainer.ppo_utils.experience_maker import ReplayExperienceMaker
 from openrlhf_replay.trainer.ray.ppo_actor import ReplayActorPPOTrainer, ShapedSplitStatsPolicyLoss, \
-    SplitStatsPolicyLoss
+    SplitStatsPolicyLoss, policy_loss_class
 from replay import MODE_REGISTRY, OFF_POLICY_REGISTRY, ReplayBuffer, ReplayConfig, RolloutBatch
 from replay.composer import group_normalise
 from replay.exgrpo import mixed_group_advantage
@@ -100,18 +100,20 @@ def _batch():
     return lp, old, torch.tensor([[0.5, 0.5], [1.0, 1.0]]), torch.ones(2, 2, dtype=torch.bool)
 
 
-def _trainer_loss(policy_shaping: bool) -> PolicyLoss:
+def _trainer_loss(off_policy: str) -> PolicyLoss:
     trainer = ReplayActorPPOTrainer.__new__(ReplayActorPPOTrainer)  # only its loss is exercised
     trainer.actor_loss_fn = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=10.0)
-    trainer.enable_split_stats(None, policy_shaping)
+    trainer.enable_split_stats(policy_loss_class(OFF_POLICY_REGISTRY[off_policy]))
     return trainer.actor_loss_fn
 
 
 def test_the_rule_selects_the_shaped_loss_for_replayed_rows_only():
-    assert OFF_POLICY_REGISTRY["exgrpo"].policy_shaping and MODE_REGISTRY["exgrpo"].off_policy == "exgrpo"
-    assert not any(r.policy_shaping for name, r in OFF_POLICY_REGISTRY.items() if name != "exgrpo")
-    assert type(_trainer_loss(False)) is SplitStatsPolicyLoss
-    loss = _trainer_loss(True)
+    assert MODE_REGISTRY["exgrpo"].off_policy == "exgrpo"
+    assert policy_loss_class(OFF_POLICY_REGISTRY["exgrpo"]) is ShapedSplitStatsPolicyLoss
+    assert all(policy_loss_class(r) is SplitStatsPolicyLoss for name, r in OFF_POLICY_REGISTRY.items()
+               if name != "exgrpo")
+    assert type(_trainer_loss("stale")) is SplitStatsPolicyLoss
+    loss = _trainer_loss("exgrpo")
     assert type(loss) is ShapedSplitStatsPolicyLoss and isinstance(loss, ShapedReplayPolicyLoss)
     lp, old, adv, mask = _batch()
     info = {REPLAYED_KEY: [torch.tensor(0.0), torch.tensor(1.0)]}
@@ -125,6 +127,6 @@ def test_the_rule_selects_the_shaped_loss_for_replayed_rows_only():
     upstream = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.28, dual_clip=10.0)
     torch.testing.assert_close(loss(lp, old, adv, action_mask=mask)[0], upstream(lp, old, adv, action_mask=mask)[0])
     # without the rule, the replayed row takes upstream's clipped loss: -1.28 per token
-    plain = _trainer_loss(False)
+    plain = _trainer_loss("stale")
     plain.row_info = info
     assert plain(lp, old, adv, action_mask=mask)[0].item() == pytest.approx((-1.0 - 2 * 1.28) / 4, abs=1e-6)

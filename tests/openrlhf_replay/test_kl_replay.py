@@ -156,7 +156,7 @@ def test_the_kl_loss_weighs_a_replayed_row_by_pi_theta_over_pi_behaviour(make_ar
     args, rule, batch = two_steps(make_args, experience_maker_cls, rollout_samples, off_policy)
     trainer = ReplayActorPPOTrainer.__new__(ReplayActorPPOTrainer)
     trainer.args, trainer.actor_loss_fn, trainer.recorded = args, PolicyLoss(0.2, 0.28), []
-    trainer.enable_split_stats(None, False, rule.behaviour_apart_from_old)
+    trainer.enable_split_stats(kl_on_behaviour=rule.behaviour_apart_from_old)
     pi_olds = [e.action_log_probs.clone() for e in batch]
     for exp in batch:
         trainer.training_step(exp, 0.01, 0)

@@ -4,6 +4,7 @@ import pytest
 
 from replay import (ReplayConfig, RolloutBatch, RolloutStore, compose, compose_rlep, group_normalise,
                     nominal_replay_count, replay_count, replay_target, sampler_from_config)
+from replay.keep import EVERYTHING, SUCCESSES
 from replay.testing import random_batch
 
 
@@ -73,8 +74,8 @@ def test_group_normalise_matches_torch_group_norm():
     assert np.allclose(got[[1, 4, 5]], ((sub - sub.mean()) / (sub.std() + 1e-9)).numpy(), atol=1e-6)
 
 
-def _filled_store(rng, versions, keep="all", **kw):
-    store = RolloutStore(10_000, None, keep=keep)
+def _filled_store(rng, versions, **kw):
+    store = RolloutStore(10_000, None, keep=EVERYTHING)
     for v in versions:
         store.insert(random_batch(rng, 4, 4, v, **kw), version=v)
     return store
@@ -94,13 +95,13 @@ def test_compose_keeps_all_fresh_then_adds_k_replayed():
     # Before warm-up and from an empty store: fresh only.
     early = compose(fresh, store, sampler_from_config(cfg), ReplayConfig(mode="advantage", warmup=10), 3, rng)
     assert len(early.replayed) == 0 and early.batch is fresh
-    empty = compose(fresh, RolloutStore(10, None), sampler_from_config(cfg), cfg, 3, rng)
+    empty = compose(fresh, RolloutStore(10, None, keep=EVERYTHING), sampler_from_config(cfg), cfg, 3, rng)
     assert len(empty.replayed) == 0
 
 
 def test_rlep_successes_join_their_prompt_group_and_advantages_are_recomputed():
     rng = np.random.default_rng(2)
-    store = RolloutStore(100, None, keep="success")
+    store = RolloutStore(100, None, keep=SUCCESSES, success_threshold=0.5)
     # Stored: successes of prompts 7 and 8 (three of 7, one of 8).
     old = random_batch(rng, 2, 4, 0, n_prompts=1).replace(
         prompt_uids=np.array([7, 7, 7, 7, 8, 8, 8, 8]), rewards=np.array([1, 1, 1, 0, 0, 1, 0, 0], np.float32))
@@ -135,7 +136,7 @@ def test_composition_batch_of_empty_replay_is_fresh():
     rng = np.random.default_rng(3)
     fresh = random_batch(rng, 2, 2)
     cfg = ReplayConfig(mode="uniform", warmup=0)
-    comp = compose(fresh, RolloutStore(10, None), sampler_from_config(cfg), cfg, 0, rng)
+    comp = compose(fresh, RolloutStore(10, None, keep=EVERYTHING), sampler_from_config(cfg), cfg, 0, rng)
     assert comp.batch is fresh and isinstance(comp.replayed, RolloutBatch)
 
 

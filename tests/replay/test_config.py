@@ -14,7 +14,7 @@ def test_defaults_match_method_md():
                                                                                      False, 500.0)
     assert (c.beta_start, c.beta_end, c.effective_off_policy, c.per_prompt) == (0.4, 0.4, "stale", 2)
     assert c.off_policy is None and c.success_pool is None  # unset: resolved per mode
-    assert not c.enabled and c.sampler_name is None and c.store_filter is None
+    assert not c.enabled and c.entry is None
 
 
 @pytest.mark.parametrize("mode, max_age_steps, alpha, sampler, keep", [
@@ -23,11 +23,15 @@ def test_defaults_match_method_md():
     ("advantage", 10, 0.5, "advantage", "nonzero_advantage"),
     ("freshness", None, 0.6, "freshness", "all"),
     ("success", None, 0.5, "success", "success"),  # RLEP's pool keeps every success
+    ("exgrpo", None, 0.5, "exgrpo", "exgrpo"),
+    ("age0", 1, 0.5, None, "nonzero_advantage"),  # its composer draws from the step's own rows: no sampler
 ])
 def test_mode_defaults(mode, max_age_steps, alpha, sampler, keep):
     c = ReplayConfig(mode=mode)
     assert c.enabled
-    assert (c.max_age_steps, c.effective_alpha, c.sampler_name, c.store_filter) == (max_age_steps, alpha, sampler, keep)
+    sampler_name = c.entry.sampler and c.entry.sampler.__name__
+    got = (c.max_age_steps, c.effective_alpha, sampler_name, c.entry.keep.name)
+    assert got == (max_age_steps, alpha, sampler, keep)
     assert c.entry is c.defaults is MODE_REGISTRY[mode]
     assert c.alpha is None and c.max_age is None  # derived, never written back
 

@@ -14,6 +14,7 @@ import pytest
 
 from replay.exgrpo import (bucket_draw, bucket_weights, exgrpo, keep_successes, mixed_group_advantage, questions,
                            trajectory_scores)
+from replay.exgrpo_keep import EXGRPO_KEEP
 from replay.record import RolloutBatch, refusals
 from replay.store import RolloutStore, StoreView
 
@@ -165,16 +166,10 @@ def test_bucket_draw_is_seeded_by_the_rng_alone():
     assert len(np.unique(a)) == 5
 
 
-class _ExGRPOStore(RolloutStore):
-    """A store whose keep rule is ExGRPO's (the registry entry wires it; here a test subclass)."""
-
-    def _keep_rule(self, batch, ok):
-        return keep_successes(batch, ok, threshold=self.success_threshold, min_abs_advantage=self.min_abs_advantage)
-
-
 def test_through_a_real_store_steps_of_groups():
     from replay.composer import group_normalise
-    store = _ExGRPOStore(capacity=1000, max_age_steps=None, keep="success")
+    store = RolloutStore(capacity=1000, max_age_steps=None, keep=EXGRPO_KEEP, success_threshold=0.5,
+                         min_abs_advantage=1e-6)
     rng = np.random.default_rng(0)
     # 3 questions over 3 steps; question 0 is solved at step 2.
     outcomes = {0: [[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0], [1] * 8],

@@ -7,6 +7,7 @@ import pytest
 from replay import ReplayBuffer, ReplayCheckpointError, ReplayConfig, RolloutBatch
 from replay.record import refusals
 from replay.store import RolloutStore
+from replay.keep import EVERYTHING
 from replay.testing import random_batch
 
 COLUMNS = ("token_advantages", "ref_logprobs", "token_rewards")
@@ -46,7 +47,7 @@ def test_select_concat_and_padding_keep_each_token_with_its_value():
 def test_columns_cost_four_bytes_per_response_token_only_when_held():
     rng = np.random.default_rng(1)
     plain = random_batch(rng, 8, 4, version=0)
-    store_plain, store_kl = RolloutStore(1000, None, keep="all"), RolloutStore(1000, None, keep="all",
+    store_plain, store_kl = RolloutStore(1000, None, keep=EVERYTHING), RolloutStore(1000, None, keep=EVERYTHING,
                                                                              token_columns=("ref_logprobs",))
     store_plain.insert(plain)
     store_kl.insert(with_columns(plain, rng, ("ref_logprobs",)))
@@ -56,7 +57,7 @@ def test_columns_cost_four_bytes_per_response_token_only_when_held():
 
 def test_the_store_keeps_the_columns_through_eviction_and_refuses_other_ones():
     rng = np.random.default_rng(2)
-    store = RolloutStore(10, 1, keep="all", token_columns=COLUMNS)
+    store = RolloutStore(10, 1, keep=EVERYTHING, token_columns=COLUMNS)
     batches = [with_columns(random_batch(rng, 2, 4, version=v), rng) for v in range(3)]
     for v, b in enumerate(batches):
         store.evict(v)

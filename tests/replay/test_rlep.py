@@ -8,13 +8,14 @@ import pytest
 from replay import (ReplayBuffer, ReplayCheckpointError, ReplayConfig, RolloutStore, compose_rlep, replay_target,
                     sampler_from_config)
 from replay.pool import POOL_VERSION, SuccessPool, SuccessPoolError, load_pool, pool_mismatch, save_pool
+from replay.keep import SUCCESSES
 from replay.testing import random_batch
 
 
 def _store_with(successes: dict[int, int], failures: int = 3) -> RolloutStore:
     """A success-keeping store with `successes[uid]` successes (and some failures) per prompt."""
     rng = np.random.default_rng(0)
-    store = RolloutStore(1000, None, keep="success")
+    store = RolloutStore(1000, None, keep=SUCCESSES, success_threshold=0.5)
     uids, rewards = [], []
     for uid, n in successes.items():
         uids += [uid] * (n + failures)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from buffer_machine import SETTINGS, BufferMachine  # tests/support: a new mode runs it too (README)
-from replay import KEEP_RULES, REFUSAL_REASONS, RolloutBatch, RolloutStore, get_sampler, load_state, save_state
+from replay import MODE_REGISTRY, REFUSAL_REASONS, RolloutBatch, RolloutStore, load_state, save_state
+from replay import samplers
 from replay.testing import random_batch
 
 
@@ -43,11 +44,18 @@ def _reason(row):
     return None
 
 
+# Every keep rule a registered mode holds, once each (the model below knows each by its name), and
+# the thresholds they read.
+KEEP_RULES = tuple({entry.keep.name: entry.keep for entry in MODE_REGISTRY.values()}.values())
+THRESHOLDS = dict(min_abs_advantage=1e-6, success_threshold=0.5)
+
+
 class StoreMachine(RuleBasedStateMachine):
     @initialize(capacity=st.integers(1, 40), max_age_steps=st.none() | st.integers(0, 4),
                 keep=st.sampled_from(KEEP_RULES))
     def setup(self, capacity, max_age_steps, keep):
-        self.kw = dict(capacity=capacity, max_age_steps=max_age_steps, keep=keep)
+        settings = {k: v for k, v in THRESHOLDS.items() if k in keep.settings}
+        self.kw = dict(capacity=capacity, max_age_steps=max_age_steps, keep=keep, **settings)
         self.store = RolloutStore(**self.kw)
         self.twin = RolloutStore(**self.kw)  # saved and reloaded along the way
         self.model: list[dict] = []  # live rollouts, oldest first
@@ -102,14 +110,14 @@ class StoreMachine(RuleBasedStateMachine):
                    "nonzero_advantage": lambda r: abs(r["adv"]) >= 1e-6,
                    "nonzero_group": lambda r: r["group"] in informative_groups,
                    "exgrpo": lambda r: r["reward"] > 0.5 and (abs(r["adv"]) >= 1e-6 or marker.get(r["group"]) == id(r)),
-                   }[self.kw["keep"]]
+                   }[self.kw["keep"].name]
         kept = [r for r in valid if rule_of(r)]
         for why in REFUSAL_REASONS:
             assert res.refused[why] == reasons.count(why)
             self.counters[f"refused/{why}"] += reasons.count(why)
         assert res.inserted == len(kept) and res.filtered == len(valid) - len(kept)
         self.counters["inserted"] += len(kept)
-        self.counters["skipped_unsuccessful" if self.kw["keep"] in ("success", "exgrpo") else "skipped_zero_adv"] \
+        self.counters["skipped_unsuccessful" if self.kw["keep"].name in ("success", "exgrpo") else "skipped_zero_adv"] \
             += res.filtered
         for r in self.model:
             r["newest"] = False
@@ -158,7 +166,7 @@ class StoreMachine(RuleBasedStateMachine):
                  "freshness": dict(alpha=0.6, tau=3.0, beta_start=0.4, beta_end=1.0, beta_steps=10),
                  "success": dict(threshold=0.5, per_prompt=2), "group": {}}[name]
         fresh_uids = np.array([0, 2, 4]) if name == "success" and seed % 2 else None
-        sampler = get_sampler(name)
+        sampler = getattr(samplers, name)
         draw = sampler(self.store.view(), k, self.step, np.random.default_rng(seed), fresh_prompt_uids=fresh_uids,
                        **knobs)
         twin = sampler(self.twin.view(), k, self.step, np.random.default_rng(seed), fresh_prompt_uids=fresh_uids,

@@ -82,7 +82,7 @@ class ReplayExperienceMaker(RemoteExperienceMaker):
         comp = self.replay.step(rollouts, self.step, multiple_of=args.train.batch_size,
                                 divide_by_std=args.algo.advantage.estimator != "dr_grpo", refill=self.refill_rows,
                                 recorded_versions=self.recorded_versions)
-        if self.replay.config.entry.rewrites_fresh_advantages:  # RLEP: enlarged groups got new advantages
+        if comp.rewrite_fresh:  # the composer gave the fresh rows advantages of its own (RLEP's enlarged groups)
             set_advantages(fresh, comp.fresh.advantages)
         # 3. The replayed rows into the loss: micro-batches shaped like the fresh ones, per rank,
         # with their importance weights, and the inert rows that complete the step to whole training

@@ -26,6 +26,7 @@ off-policy rule, replayed rows take its shaped objective, `openrlhf_replay/train
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import ray
 import torch
@@ -123,8 +124,8 @@ class SplitStatsPolicyLoss(PolicyLoss):
 
 
 class ShapedSplitStatsPolicyLoss(SplitStatsPolicyLoss, ShapedReplayPolicyLoss):
-    """`SplitStatsPolicyLoss` over ExGRPO's `ShapedReplayPolicyLoss` (an off-policy rule with
-    `policy_shaping`): the micro-batch's replayed rows, read from the flags of `row_info`, train on
+    """`SplitStatsPolicyLoss` over ExGRPO's `ShapedReplayPolicyLoss` (the loss the off-policy rule
+    `exgrpo` names): the micro-batch's replayed rows, read from the flags of `row_info`, train on
     -A w / (w + 0.1), the fresh ones on upstream's loss; the per-kind statistics are kept (of
     replayed rows, `clip_frac` says where upstream's clip would bind: shaping has none)."""
 
@@ -138,19 +139,32 @@ class ShapedSplitStatsPolicyLoss(SplitStatsPolicyLoss, ShapedReplayPolicyLoss):
             self.replayed_rows = None
 
 
+def policy_loss_class(rule) -> type[SplitStatsPolicyLoss]:
+    """The actor's loss class under off-policy rule `rule`: the class its `loss` names
+    ("module:Class", e.g. ExGRPO's `ShapedSplitStatsPolicyLoss`), else `SplitStatsPolicyLoss`."""
+    if rule.loss is None:
+        return SplitStatsPolicyLoss
+    module, _, name = rule.loss.partition(":")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, SplitStatsPolicyLoss)):
+        raise TypeError(f"off-policy rule {rule.name}: its loss {rule.loss!r} is not a subclass of "
+                        "SplitStatsPolicyLoss (openrlhf_replay/trainer/ray/ppo_actor.py)")
+    return cls
+
+
 class ReplayActorPPOTrainer(ActorPPOTrainer):
     """`ActorPPOTrainer` whose statistics are split by kind of row."""
 
     kl_on_behaviour = False  # the KL loss's importance weight reads replayed rows' `rollout_log_probs`
 
-    def enable_split_stats(self, m2_threshold: float | None = None, policy_shaping: bool = False,
-                           kl_on_behaviour: bool = False) -> None:
-        """`m2_threshold`: M2PO's (the off-policy rule's `m2_mask`), None without it.
-        `policy_shaping`: replayed rows train on ExGRPO's shaped objective (the rule's field).
-        `kl_on_behaviour`: the rule's `behaviour_apart_from_old` (`behaviour_weighted_kl`)."""
-        # Same state, one extra behaviour (two with shaping).
-        self.actor_loss_fn.__class__ = ShapedSplitStatsPolicyLoss if policy_shaping else SplitStatsPolicyLoss
-        self.actor_loss_fn.m2_threshold = m2_threshold
+    def enable_split_stats(self, loss_class: type[SplitStatsPolicyLoss] = SplitStatsPolicyLoss,
+                           loss_settings: dict | None = None, kl_on_behaviour: bool = False) -> None:
+        """`loss_class` and `loss_settings`: the off-policy rule's loss (`policy_loss_class`) and
+        the attributes it sets on it (M2PO's `m2_threshold`). `kl_on_behaviour`: the rule's
+        `behaviour_apart_from_old` (`behaviour_weighted_kl`)."""
+        self.actor_loss_fn.__class__ = loss_class  # same state, the extra behaviour of its class
+        for name, value in (loss_settings or {}).items():
+            setattr(self.actor_loss_fn, name, value)
         self.kl_on_behaviour = kl_on_behaviour
         self.trained_rows = dict.fromkeys(TRAINED_KINDS, 0)
 
@@ -237,7 +251,7 @@ class _ReplayPolicyModelActor(undecorated(PolicyModelActor)):
             # second weight-sync group to vLLM, so the instance is switched to the subclass.
             self.trainer.__class__ = ReplayActorPPOTrainer
             rule = config.off_policy_rule
-            self.trainer.enable_split_stats(config.m2_threshold if rule.m2_mask else None, rule.policy_shaping,
+            self.trainer.enable_split_stats(policy_loss_class(rule), rule.loss_settings(config),
                                             rule.behaviour_apart_from_old)
             logger.info(f"replay: off-policy rule {rule.name}, actor loss {type(self.trainer.actor_loss_fn).__name__}")
             pace_by_rollout_steps(self.actor_scheduler)  # after upstream has loaded a checkpoint's state
