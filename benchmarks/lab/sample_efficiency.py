@@ -223,8 +223,7 @@ def main(argv=None) -> dict:
         _, _, heldout, _ = prepare(a, log)
         return finalize_run(a, cond, int(seed), heldout, log)
     if a.analyse_only:
-        runs = [json.loads(f.read_text()) for f in sorted((a.out_dir / "runs").glob("*/run.json"))
-                if (f.parent / "DONE").is_file()]
+        runs = analysed_runs(a)
     else:
         log(f"sweep on {cpu_description()}; load average {' '.join(f'{x:.2f}' for x in load_start)}")
         runs = sweep(a, log)
@@ -240,13 +239,29 @@ def main(argv=None) -> dict:
     (a.out_dir / "table.md").write_text(se_report.table(summary))
     se_report.write_plots(runs, summary, a.out_dir, order)
     log(f"wrote {a.out_dir / 'summary.json'}, table.md, runs.json.gz and the plots")
-    if a.archive:
+    if a.archive and not a.analyse_only:
         warm = Path(json.loads((a.out_dir / "warm_start.json").read_text())["model"])
         kept = se_archive.save(a.archive, a.out_dir, se_archive.weights_sha(warm))
         log(f"archive {a.archive}: {kept} finished run(s)")
     print(se_report.table(summary))
     print(json.dumps(summary, default=jsonable))
     return summary
+
+
+def analysed_runs(a: Args) -> list[dict]:
+    """`--analyse-only`'s runs: the finished runs in out_dir, or with `--archive` the archive's (a
+    results folder's committed record), as many seeds of each condition as the call plans."""
+    if not a.archive:
+        return [json.loads(f.read_text()) for f in sorted((a.out_dir / "runs").glob("*/run.json"))
+                if (f.parent / "DONE").is_file()]
+    kept = {}
+    for (cond, seed, _), record in se_archive.load(a.archive).items():
+        if cond in a.condition_list and seed <= a.seeds_of(cond):
+            if (cond, seed) in kept:
+                raise SystemExit(f"--archive {a.archive} holds two runs of {cond} seed {seed} (two commands); "
+                                 "analyse their output dir instead (--analyse-only without --archive)")
+            kept[cond, seed] = record
+    return list(kept.values())
 
 
 def sweep(a: Args, log) -> list[dict]:

@@ -167,7 +167,9 @@ class Args:
     finished runs to it, and a planned run found in it (same command, same warm-start weights)
     is restored instead of trained."""
     analyse_only: bool = False
-    """Skip training: summarise and plot the finished runs in out_dir."""
+    """Skip training: summarise and plot the finished runs in out_dir, or, with --archive, the
+    archive's runs (a results folder's committed record: out_dir is then that folder, which holds
+    its warm_start.json)."""
     finalize: str = ""
     """`<condition>_seed<N>`: grade and record that run's existing training (no retraining), then exit."""
 

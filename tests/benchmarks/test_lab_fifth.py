@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +106,20 @@ def test_a_run_trained_and_not_graded_is_graded_on_resume_not_retrained(tmp_path
     assert se.finished_record(a, "skip", 1, cmd) == "trained"
     other = se.train_command(a, "skip", 2, Path("m"), Path("d"), run_dir)
     assert se.finished_record(a, "skip", 1, other) is None and not run_dir.exists()  # another command
+
+
+def test_analyse_only_reads_a_committed_archive_and_refuses_two_runs_of_one_seed(tmp_path):
+    import gzip
+
+    archive = tmp_path / "archive.json.gz"
+    records = [{"condition": c, "seed": s, "fingerprint": f"{c}{s}"} for c in ("none", "skip") for s in (1, 2, 9)]
+    with gzip.open(archive, "wt") as f:
+        json.dump(records + [{"condition": "advantage", "seed": 1, "fingerprint": "x"}], f)
+    a = se.parse_args(["--analyse-only", "--archive", str(archive), "--out-dir", str(tmp_path),
+                       "--conditions", "none,skip", "--seeds", "16", "--ablation-seeds", "2"])
+    assert sorted((r["condition"], r["seed"]) for r in se.analysed_runs(a)) == \
+        [("none", 1), ("none", 2), ("none", 9), ("skip", 1), ("skip", 2)]  # skip: 2 seeds planned
+    with gzip.open(archive, "wt") as f:
+        json.dump(records + [{"condition": "none", "seed": 1, "fingerprint": "another command"}], f)
+    with pytest.raises(SystemExit, match="two runs of none seed 1"):
+        se.analysed_runs(a)
