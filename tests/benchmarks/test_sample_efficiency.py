@@ -600,13 +600,13 @@ def _check_the_archive_and_the_resume(quick: list, out: Path, tmp_path: Path, co
                             *quick[quick.index("--out-dir") + 2:]], cwd=ROOT, capture_output=True, text=True,
                            timeout=600, env=env)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "6 finished run(s) restored" in again.stdout and "in one session" not in again.stdout
+    assert "6 finished run(s) restored" in again.stdout and "run(s) in one session" not in again.stdout
     restored = json.loads(again.stdout.strip().splitlines()[-1])["conditions"]
     assert {c: (s["total_rollouts"], s["final_acc_by_band"]) for c, s in restored.items()} == \
         {c: (s["total_rollouts"], s["final_acc_by_band"]) for c, s in conds.items()}
     # resuming redoes nothing: every run is DONE with the same command, so no session starts
     session_log = (out / "session.log").read_text()
     again = subprocess.run(quick, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "in one session" not in again.stdout
+    assert again.returncode == 0 and "run(s) in one session" not in again.stdout
     assert "warm start: its evaluation read from" in again.stdout  # not measured again either
     assert (out / "session.log").read_text() == session_log
