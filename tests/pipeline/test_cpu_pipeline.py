@@ -386,6 +386,11 @@ def test_the_critic_trains_on_replayed_rows_too(runs):
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values()), losses
 
 
+# The critic computes in bf16: one value in two batches of different shape may differ by a rounding
+# step (seen on a fresh clone: 0.34765625 against 0.349609375), at most 2**-7 of its size.
+_BF16_STEP = 2**-7
+
+
 def test_replayed_rows_get_the_current_critics_values(runs):
     """A causal critic's value at a row's first action column sees the prompt only. So a replayed
     row's value there equals the value the critic gives the step's fresh rows of the same prompt
@@ -414,11 +419,12 @@ def test_replayed_rows_get_the_current_critics_values(runs):
             value = r["values"][first(r)]
             if _prompt_of(r) in fresh:
                 same_prompt += 1
-                assert all(abs(v - value) < 1e-4 for v in fresh[_prompt_of(r)]), (step, value, fresh[_prompt_of(r)])
+                others = fresh[_prompt_of(r)]
+                assert all(abs(v - value) <= _BF16_STEP * abs(v) for v in others), (step, value, others)
             then = seen.get(tuple(r["sequence"]))
             if then is not None:
                 moved += 1
-                assert abs(then[first(r)] - value) > 1e-3, (step, then[first(r)], value)
+                assert abs(then[first(r)] - value) > 2 * _BF16_STEP * abs(value), (step, then[first(r)], value)
         seen.update({tuple(r["sequence"]): r["values"] for r in rows if not r["replayed"]})
     assert same_prompt >= 1 and moved >= 1, (same_prompt, moved)
 
