@@ -135,6 +135,7 @@ def finalize_run(a: Args, cond: str, seed: int, heldout, log) -> dict:
     record = {"condition": cond, "seed": seed, "rollouts_per_step": a.rollouts_of(cond),
               "wall_s": wall_s, "eval_s": time.perf_counter() - t1,
               "startup_s": wall_s - sum(s["timing/step_total"] for s in statuses),
+              "session": trained.get("session"), "cpu": trained.get("cpu"),  # None in older runs
               "session_startup_s": trained["session_startup_s"],
               "load_avg_1min_start_end": trained["load_avg_1min_start_end"],
               "steps": [step_record(s, a, cond) for s in statuses], "evals": evals}

@@ -58,7 +58,8 @@ import numpy as np
 
 from evaluation.metrics import aes
 from se_costs import (condition_costs, cumulative_axes, eval_curve, generated_through,  # noqa: F401
-                      has_zero_variance_counts, reward_curve, unit_seconds, zero_variance_share)
+                      has_zero_variance_counts, reward_curve, seconds_vs_baseline, unit_seconds,
+                      zero_variance_share)
 from se_match import (condition_to_match, first_reach, median_step_curve, primary_verdict,  # noqa: F401
                       to_match_bootstrap, to_match_ratio)
 from se_stats import (ALPHA, INTERVAL_KINDS, MIN_SEEDS_FOR_CI, equivalence, holm,  # noqa: F401
@@ -262,6 +263,7 @@ def _condition(rs: Sequence[Mapping], per_seed: Mapping[int, Mapping[str, float]
         **condition_to_match(rs, baseline_runs, unit_s, match_fraction),
         "mean_response_tokens": float(np.mean([e["response_tokens"] for e in last])),
         **condition_costs(rs, unit_s),
+        "seconds_vs_baseline": seconds_vs_baseline(rs, baseline_runs),
     }
 
 

@@ -140,6 +140,26 @@ def zero_variance_share(run: Mapping) -> np.ndarray:
     return np.divide(zero, groups, out=np.full(len(steps), np.nan), where=groups > 0)
 
 
+def steps_seconds(run: Mapping) -> float:
+    """A run's seconds inside its steps (generation, experience, training, weight broadcast): its
+    wall-clock without the start-up that a session's first run also carries."""
+    return float(sum(s["generation_s"] + s["make_experience_s"] + s["ppo_train_s"] + s["broadcast_s"]
+                     for s in run["steps"]))
+
+
+def seconds_vs_baseline(rs: Sequence[Mapping], baseline_runs: Sequence[Mapping]) -> dict | None:
+    """Each run's steps' seconds over those of the baseline's run of its seed, where both were timed
+    in one session (the same `session`): n pairs, the median ratio and its IQR; None without a pair.
+    Records from before 2026-12-06 carry no session and pair by seed, which is one session where the
+    sweep's calls trained seed s of both conditions together (the fifth edition's did)."""
+    base = {r["seed"]: r for r in baseline_runs}
+    ratios = [steps_seconds(r) / steps_seconds(base[r["seed"]]) for r in rs
+              if r["seed"] in base and r.get("session") == base[r["seed"]].get("session")]
+    if not ratios:
+        return None
+    return {"n": len(ratios), "median": float(np.median(ratios)), "iqr": np.percentile(ratios, [25, 75]).tolist()}
+
+
 def condition_costs(rs: Sequence[Mapping], unit_s: float) -> dict:
     """What a condition's runs cost, median over seeds: per step (tokens trained, optimizer steps,
     replayed rollouts), over the run (rollouts, compute units, tokens generated and trained, token

@@ -161,7 +161,8 @@ def _primary_lines(summary: dict) -> list[str]:
     a, b = pr["pair"].split("_vs_")
     if pr["verdict"] == "not run":
         return [f"**Primary question: rollouts-to-match of {a} against {b}.** Not run in this sweep.", ""]
-    p = "no p (fewer than 6 seeds)" if pr["p"] is None else f"p {pr['p']:.4f} (bootstrap, ratio 1)"
+    p = ("no p (fewer than 6 seeds)" if pr["p"] is None else
+         f"p {pr['p']:.4f} (bootstrap, ratio 1)" if pr["p"] >= 0.001 else "p < 0.001 (bootstrap, ratio 1)")
     return [f"**Primary question: rollouts-to-match of {a} against {b}** ({pr['n']} seeds): "
             f"{_fmt(pr['ratio'], '.2f')} [{_fmt(pr['interval'][0], '.2f')}, {_fmt(pr['interval'][1], '.2f')}] "
             f"({pr['interval_kind']}), {p}: **{pr['verdict']}**.", "",
@@ -186,19 +187,31 @@ def _power_lines(summary: dict) -> list[str]:
                     f"{_fmt(c['mde'], '.3f', 'n/a')})."]
 
 
+def header_line(summary: dict) -> str:
+    """What was run, when and on which CPU: the runs' own date and CPU, or, for records from before
+    2026-12-06 that lack them, when and where they were analysed."""
+    s, t = summary["settings"], summary["timing"]
+    where = (f"measured {t['date']} on {t['cpu']}" if t["date"] else
+             f"analysed {t['analysed']} on {t['analysed_on']}; the runs do not record their date and CPU (records "
+             "from before 2026-12-06: see the results page)")
+    return (f"Sample-efficiency lab, task `{s['task']}`: {s['steps']} steps x {s['prompts_per_step']} prompts x "
+            f"{s['group_size']} rollouts per condition; {where}.")
+
+
 def table(summary: dict) -> str:
     """table.md: the primary question, conditions, the family's tests, every paired difference
     with words, the warm start's spread."""
-    s = summary["settings"]
-    out = [f"Sample-efficiency lab, task `{s['task']}`: {s['steps']} steps x {s['prompts_per_step']} prompts x "
-           f"{s['group_size']} rollouts per condition; measured {summary['timing']['date']} on "
-           f"{summary['timing']['cpu']}.", ""]
+    out = [header_line(summary), ""]
     out += _primary_lines(summary)
     out += _conditions_table(summary) + [""] + _power_lines(summary) + [""] + _family_table(summary)
     out += [""] + _pairs_table(summary)
     if summary.get("warm_start"):
         out += _warm_start_table(summary["warm_start"], summary["primary_metric"]["name"])
     return "\n".join(out) + "\n"
+
+
+def _seconds_ratio(r: dict | None) -> str:
+    return "n/a" if r is None else f"{r['median']:.2f} [{r['iqr'][0]:.2f}, {r['iqr'][1]:.2f}], {r['n']}"
 
 
 def _conditions_table(summary: dict) -> list[str]:
@@ -214,8 +227,9 @@ def _conditions_table(summary: dict) -> list[str]:
             + "rollouts to match [interval] p | compute to match [interval] p | token cost to match [interval] p "
             "| tokens generated | tokens trained | token cost | tokens trained / step | updates / step "
             "| replayed / step | compute units (train + gen) | wall s, train / grade (median run) "
+            "| steps' seconds / GRPO's, same session (median [IQR], pairs) "
             "| zero-variance share of generation (mean over the run) | AES vs GRPO |",
-            "|---" * (20 + len(bands)) + "|"]
+            "|---" * (21 + len(bands)) + "|"]
     for c, s in conds.items():
         lo, hi = s["final_acc_iqr"]
         out.append(f"| {c} | {s['seeds']} | {s['final_acc']:.3f} [{lo:.3f}, {hi:.3f}] | {s['best_acc']:.3f} | "
@@ -226,11 +240,14 @@ def _conditions_table(summary: dict) -> list[str]:
                    f"{s['train_tokens_per_step']:.0f} | {s['optimizer_steps_per_step']:.2f} | "
                    f"{s['replayed_per_step']:.1f} | {s['compute_units']:.0f} ({s['train_units']:.0f} + "
                    f"{s['generation_units']:.0f}) | {_fmt(s['wall_s_median'], '.0f', 'n/a')} / "
-                   f"{_fmt(s['eval_s_median'], '.0f', 'n/a')} | {_fmt(s['zero_variance_share'], '.2f', 'n/a')} | "
+                   f"{_fmt(s['eval_s_median'], '.0f', 'n/a')} | {_seconds_ratio(s['seconds_vs_baseline'])} | "
+                   f"{_fmt(s['zero_variance_share'], '.2f', 'n/a')} | "
                    f"{_fmt(s['aes_vs_grpo'], '+.3f', 'n/a')} |")
     return out + ["", f"1 compute unit = {summary['unit_s']:.4f} s (one GRPO optimizer step on "
                   f"{summary['settings']['train_batch']} rollouts), this session's machine: compare compute and "
-                  "wall-clock only between conditions measured in one session. Token cost = generated + 3 x trained "
+                  "wall-clock only between conditions measured in one session. Steps' seconds / GRPO's: a run's seconds "
+                  "inside its steps (start-up left out) over those of GRPO's run of its seed timed in the same "
+                  "session, median and IQR over the pairs. Token cost = generated + 3 x trained "
                   "tokens (a sampled token about one forward pass, a trained one a forward and a backward; decoding "
                   "on GPUs costs more per token than this FLOP count, hence both parts apart). Scores per seed, the "
                   "same rule for every condition: final = last checkpoint; best = best checkpoint after step 0; "
@@ -348,8 +365,12 @@ def summarize(a, runs: list[dict]) -> dict:
     summary["provenance"] = evaluation_provenance()
     warm_path = a.out_dir / "warm_start.json"
     summary["warm_start"] = json.loads(warm_path.read_text()) if warm_path.is_file() else None
-    summary["timing"] = {
-        "date": time.strftime("%Y-%m-%d"), "cpu": cpu_description(), "runs": len(runs),
+    dates = sorted({r["session"][:10] for r in runs if r.get("session")})
+    cpus = sorted({r["cpu"] for r in runs if r.get("cpu")})
+    summary["timing"] = {  # date and cpu: the runs' own (None for older records, which lack them)
+        "date": " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else None,
+        "cpu": "; ".join(cpus) or None, "analysed": time.strftime("%Y-%m-%d"), "analysed_on": cpu_description(),
+        "runs": len(runs),
         "run_wall_s_median": _median([r["wall_s"] for r in runs]),
         "startup_s_median": _median([r["startup_s"] for r in runs]),
         "session_startup_s_total": sum(r.get("session_startup_s", 0.0) for r in runs),

@@ -29,7 +29,8 @@ argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped a
 "max_prompts" (the run ends once its generation drew that many prompts: a skipping run's loader
 holds more passes than it needs)}. For
 each run, in order, `<out>/steps.json` gets upstream's status dict of every step (the dict its
-`Global step N` line prints), the run's wall time and, for the first run, `session_startup_s`:
+`Global step N` line prints), the run's wall time, `session` (this session's start, UTC: runs
+with the same one were timed side by side), `cpu` and, for the first run, `session_startup_s`:
 from this process's start to that run's start (resolving every command, Ray, the engine's and
 actors' creation; the engine's own start-up is waited for inside the first run). A run that fails
 stops the session with exit status 1 and its error in `<out>/error.txt`; the runs before it keep
@@ -45,6 +46,7 @@ import traceback
 from pathlib import Path
 
 STARTED = time.perf_counter()  # `session_startup_s` counts from here (the heavy imports are lazy, below)
+SESSION = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -225,6 +227,7 @@ class Session:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from infra.hardware import cpu_description
     from openrlhf_replay.cpu import launcher as cpu_launcher
 
     argv = sys.argv[1:] if argv is None else argv
@@ -251,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"se_session: run {job['name']} failed; see {out / 'error.txt'}", flush=True)
                 return 1
             record = {"wall_s": time.perf_counter() - start, "load_avg_1min_start_end": [load, os.getloadavg()[0]],
+                      "session": SESSION, "cpu": cpu_description(),
                       "session_startup_s": start - STARTED if n == 0 else 0.0, "steps": statuses}
             tmp = out / "steps.json.tmp"
             tmp.write_text(json.dumps(record))

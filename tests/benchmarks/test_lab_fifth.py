@@ -123,3 +123,30 @@ def test_analyse_only_reads_a_committed_archive_and_refuses_two_runs_of_one_seed
         json.dump(records + [{"condition": "none", "seed": 1, "fingerprint": "another command"}], f)
     with pytest.raises(SystemExit, match="two runs of none seed 1"):
         se.analysed_runs(a)
+
+
+def _timed_run(cond, seed, step_s, session=None):
+    step = {"generation_s": step_s / 2, "make_experience_s": 0.0, "ppo_train_s": step_s / 2, "broadcast_s": 0.0}
+    return {"condition": cond, "seed": seed, "session": session, "wall_s": 1000.0, "steps": [step, step]}
+
+
+def test_step_seconds_compare_a_run_only_with_its_seeds_baseline_timed_in_the_same_session():
+    import se_costs
+
+    none = [_timed_run("none", 1, 2.0, "A"), _timed_run("none", 2, 4.0, "A"), _timed_run("none", 3, 1.0, "B")]
+    other = [_timed_run("skip", 1, 3.0, "A"), _timed_run("skip", 2, 4.0, "A"), _timed_run("skip", 3, 9.0, "C")]
+    r = se_costs.seconds_vs_baseline(other, none)
+    assert r["n"] == 2 and r["median"] == pytest.approx(1.25)  # seed 3 ran in another session: not paired
+    assert se_costs.seconds_vs_baseline(other[2:], none) is None
+    old = [{**r, "session": None} for r in none], [{**r, "session": None} for r in other]
+    assert se_costs.seconds_vs_baseline(old[1], old[0])["n"] == 3  # records without a session pair by seed
+
+
+def test_the_table_names_the_runs_date_and_cpu_or_says_they_are_not_recorded():
+    import se_report
+
+    base = {"settings": {"task": "t", "steps": 1, "prompts_per_step": 1, "group_size": 1}}
+    assert "measured 2026-12-06 on cpu X" in se_report.header_line({**base, "timing": {"date": "2026-12-06",
+                                                                                        "cpu": "cpu X"}})
+    older = {**base, "timing": {"date": None, "cpu": None, "analysed": "2026-12-07", "analysed_on": "cpu Y"}}
+    assert "analysed 2026-12-07 on cpu Y; the runs do not record their date and CPU" in se_report.header_line(older)

@@ -559,6 +559,7 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
                  "zero_variance.png"):
         assert (out / name).is_file(), name
     assert "training 5 run(s) in one session" in proc.stdout
+    assert "rollouts per condition; measured 20" in (out / "table.md").read_text().splitlines()[0]
     # RLEP's pool is decoded by GRPO seed 1's final model, after that run and before `success` trains
     pool = out / "data" / "success_pool.npz"
     assert "success: RLEP's pool from none_seed1's model" in proc.stdout and pool.is_file()
@@ -587,6 +588,9 @@ def _check_the_quick_runs(runs: dict) -> None:
     # pass skips prompts whose first group had equal rewards; every group generated is counted
     skip = runs["skip_refill"]["steps"]
     assert len(skip) <= 10 and sum(s["replay"].get("replay/skip_skipped_prompts", 0) for s in skip) > 0
+    # two sessions: RLEP's trains after the pool that GRPO's run decodes; each run names its CPU
+    first = {run["session"] for c, run in runs.items() if c != "success"}
+    assert len(first) == 1 and runs["success"]["session"] not in first and all(r["cpu"] for r in runs.values())
     for run in runs.values():
         steps = run["steps"]
         assert sum(s["groups"] for s in steps) * 8 == sum(s["generated_rollouts"] for s in steps)
