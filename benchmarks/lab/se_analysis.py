@@ -260,11 +260,21 @@ def _condition(rs: Sequence[Mapping], per_seed: Mapping[int, Mapping[str, float]
         "per_seed": {k: {seed: s[k] for seed, s in sorted(per_seed.items())} for k in SCORES},
         "final_acc_iqr": np.percentile([s["final_acc"] for s in per_seed.values()], [25, 75]).tolist(),
         "final_acc_by_band": {b: float(np.median([e["by_band"][b] for e in last])) for b in bands},
+        "median_curve": median_curve(rs),
         **condition_to_match(rs, baseline_runs, unit_s, match_fraction),
         "mean_response_tokens": float(np.mean([e["response_tokens"] for e in last])),
         **condition_costs(rs, unit_s),
         "seconds_vs_baseline": seconds_vs_baseline(rs, baseline_runs),
     }
+
+
+def median_curve(rs: Sequence[Mapping]) -> dict[int, float] | None:
+    """The median over seeds of held-out accuracy at each checkpoint step; None when the runs were
+    evaluated at different steps (a run that ended early)."""
+    steps = [tuple(e["step"] for e in r["evals"]) for r in rs]
+    if len(set(steps)) != 1:
+        return None
+    return {step: float(np.median([r["evals"][i]["accuracy"] for r in rs])) for i, step in enumerate(steps[0])}
 
 
 def _aes(condition: Mapping, baseline: Mapping) -> float | None:

@@ -164,8 +164,8 @@ def condition_costs(rs: Sequence[Mapping], unit_s: float) -> dict:
     """What a condition's runs cost, median over seeds: per step (tokens trained, optimizer steps,
     replayed rollouts), over the run (rollouts, compute units, tokens generated and trained, token
     cost), the wall-clock of a run's training and of its grading, the zero-variance share of its
-    generation (the mean over the run's steps; None for records without the counts), and the
-    training reward at its end."""
+    generation (the mean over the run's steps, and over each third of them; None for records
+    without the counts), and the training reward at its end."""
     axes = [cumulative_axes(r, unit_s) for r in rs]
 
     def median(values) -> float:
@@ -177,7 +177,9 @@ def condition_costs(rs: Sequence[Mapping], unit_s: float) -> dict:
     def per_step(field: str) -> float:
         return median([np.mean([s[field] for s in r["steps"]]) for r in rs])
 
-    zero = [float(np.nanmean(zero_variance_share(r))) for r in rs] if all(map(has_zero_variance_counts, rs)) else None
+    counted = all(map(has_zero_variance_counts, rs))
+    zero = [float(np.nanmean(zero_variance_share(r))) for r in rs] if counted else None
+    thirds = [[float(np.nanmean(t)) for t in np.array_split(zero_variance_share(r), 3)] for r in rs] if counted else None
     return {
         "train_tokens_per_step": per_step("train_tokens"),
         "optimizer_steps_per_step": per_step("optimizer_steps"),
@@ -189,5 +191,6 @@ def condition_costs(rs: Sequence[Mapping], unit_s: float) -> dict:
         "wall_s_median": median([r["wall_s"] for r in rs]) if all("wall_s" in r for r in rs) else None,
         "eval_s_median": median([r["eval_s"] for r in rs]) if all("eval_s" in r for r in rs) else None,
         "zero_variance_share": None if zero is None else median(zero),
+        "zero_variance_share_by_third": None if thirds is None else np.median(thirds, axis=0).tolist(),
         "final_train_reward": median([np.mean([s["reward"] for s in r["steps"][-3:]]) for r in rs]),
     }

@@ -203,7 +203,8 @@ def table(summary: dict) -> str:
     with words, the warm start's spread."""
     out = [header_line(summary), ""]
     out += _primary_lines(summary)
-    out += _conditions_table(summary) + [""] + _power_lines(summary) + [""] + _family_table(summary)
+    out += _conditions_table(summary) + [""] + _curves_table(summary)
+    out += _power_lines(summary) + [""] + _family_table(summary)
     out += [""] + _pairs_table(summary)
     if summary.get("warm_start"):
         out += _warm_start_table(summary["warm_start"], summary["primary_metric"]["name"])
@@ -311,6 +312,25 @@ def _pairs_table(summary: dict) -> list[str]:
                        f"{st['p']:.3f} | {st['sign_p']:.3f} | "
                        f"{_fmt(st.get('mde'), '.3f', '')} | {words} |")
     return out
+
+
+def _curves_table(summary: dict) -> list[str]:
+    """Each condition's median curve, checkpoint by checkpoint, and where its generation went by
+    third of the run; nothing when a condition's runs were evaluated at different steps."""
+    conds = summary["conditions"]
+    curves = [s["median_curve"] for s in conds.values()]
+    if any(c is None for c in curves) or len({tuple(c) for c in curves}) != 1:
+        return []
+    steps = list(curves[0])
+    out = [f"Median {summary['primary_metric']['name']} over seeds at each checkpoint (step), and the share "
+           "of generated groups with equal rewards in each third of the run (median over seeds):", "",
+           "| condition | " + " | ".join(f"{step}" for step in steps) + " | zero-variance share by third |",
+           "|---" * (len(steps) + 2) + "|"]
+    for c, s in conds.items():
+        thirds = s["zero_variance_share_by_third"]
+        out.append(f"| {c} | " + " | ".join(f"{v:.3f}" for v in s["median_curve"].values())
+                   + f" | {'n/a' if thirds is None else ' / '.join(f'{t:.2f}' for t in thirds)} |")
+    return out + [""]
 
 
 def _warm_start_table(ws: dict, metric_name: str) -> list[str]:

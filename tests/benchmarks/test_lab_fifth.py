@@ -150,3 +150,22 @@ def test_the_table_names_the_runs_date_and_cpu_or_says_they_are_not_recorded():
                                                                                         "cpu": "cpu X"}})
     older = {**base, "timing": {"date": None, "cpu": None, "analysed": "2026-12-07", "analysed_on": "cpu Y"}}
     assert "analysed 2026-12-07 on cpu Y; the runs do not record their date and CPU" in se_report.header_line(older)
+
+
+def test_the_median_curve_is_read_checkpoint_by_checkpoint_and_tabled_with_the_zero_variance_thirds():
+    import se_analysis
+    import se_report
+
+    def run(*accs, steps=(0, 6, 12)):
+        return {"evals": [{"step": s, "accuracy": a} for s, a in zip(steps, accs)]}
+
+    curve = se_analysis.median_curve([run(0.1, 0.2, 0.3), run(0.1, 0.4, 0.2), run(0.1, 0.3, 0.1)])
+    assert curve == pytest.approx({0: 0.1, 6: 0.3, 12: 0.2})
+    assert se_analysis.median_curve([run(0.1, 0.2, 0.3), run(0.1, 0.2, steps=(0, 5))]) is None  # ended early
+    conds = {"none": {"median_curve": curve, "zero_variance_share_by_third": [0.4, 0.3, 0.2]},
+             "skip": {"median_curve": curve, "zero_variance_share_by_third": None}}
+    lines = se_report._curves_table({"conditions": conds, "primary_metric": {"name": "avg@8"}})
+    assert "| none | 0.100 | 0.300 | 0.200 | 0.40 / 0.30 / 0.20 |" in lines
+    assert "| skip | 0.100 | 0.300 | 0.200 | n/a |" in lines
+    conds["skip"]["median_curve"] = None
+    assert se_report._curves_table({"conditions": conds, "primary_metric": {"name": "avg@8"}}) == []
