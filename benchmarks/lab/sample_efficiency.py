@@ -210,13 +210,15 @@ def prepare(a: Args, log) -> tuple[Path, Path, list, dict]:
 def main(argv=None) -> dict:
     a = parse_args(argv)
     a.out_dir.mkdir(parents=True, exist_ok=True)
-    log_file = open(a.out_dir / "sweep.log", "a")
+    # --analyse-only writes nothing but its figures (a results folder holds no log of re-analyses)
+    log_file = None if a.analyse_only else open(a.out_dir / "sweep.log", "a")
 
     def log(msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {msg}"
         print(line, flush=True)
-        log_file.write(line + "\n")
-        log_file.flush()
+        if log_file:
+            log_file.write(line + "\n")
+            log_file.flush()
 
     t_start, load_start = time.perf_counter(), os.getloadavg()
     if a.finalize:
@@ -235,8 +237,8 @@ def main(argv=None) -> dict:
         "wall_s": time.perf_counter() - t_start, "load_avg_start": list(load_start),
         "load_avg_end": list(os.getloadavg())}
     (a.out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=jsonable))
-    with gzip.open(a.out_dir / "runs.json.gz", "wt") as f:
-        json.dump(runs, f)
+    with gzip.GzipFile(a.out_dir / "runs.json.gz", "wb", mtime=0) as f:  # the same runs give the same bytes
+        f.write(json.dumps(runs).encode())
     (a.out_dir / "table.md").write_text(se_report.table(summary))
     se_report.write_plots(runs, summary, a.out_dir, order)
     log(f"wrote {a.out_dir / 'summary.json'}, table.md, runs.json.gz and the plots")

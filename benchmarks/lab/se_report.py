@@ -383,6 +383,8 @@ def summarize(a, runs: list[dict]) -> dict:
     summary["primary_metric"] = {"name": f"held-out avg@{a.eval_samples}", "temperature": ROLLOUT_TEMPERATURE,
                                  "samples_per_problem": a.eval_samples}
     summary["provenance"] = evaluation_provenance()
+    if a.analyse_only:  # this checkout only re-read the records: the runs' grading came with their calls
+        summary["provenance"] = {"analysed_with": summary["provenance"]}
     warm_path = a.out_dir / "warm_start.json"
     summary["warm_start"] = json.loads(warm_path.read_text()) if warm_path.is_file() else None
     dates = sorted({r["session"][:10] for r in runs if r.get("session")})
