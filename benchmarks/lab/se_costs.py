@@ -179,7 +179,8 @@ def condition_costs(rs: Sequence[Mapping], unit_s: float) -> dict:
 
     counted = all(map(has_zero_variance_counts, rs))
     zero = [float(np.nanmean(zero_variance_share(r))) for r in rs] if counted else None
-    thirds = [[float(np.nanmean(t)) for t in np.array_split(zero_variance_share(r), 3)] for r in rs] if counted else None
+    thirds = ([[float(np.nanmean(t)) for t in np.array_split(zero_variance_share(r), 3)] for r in rs]
+              if counted else None)
     return {
         "train_tokens_per_step": per_step("train_tokens"),
         "optimizer_steps_per_step": per_step("optimizer_steps"),

@@ -246,8 +246,8 @@ def _conditions_table(summary: dict) -> list[str]:
                    f"{_fmt(s['aes_vs_grpo'], '+.3f', 'n/a')} |")
     return out + ["", f"1 compute unit = {summary['unit_s']:.4f} s (one GRPO optimizer step on "
                   f"{summary['settings']['train_batch']} rollouts), this session's machine: compare compute and "
-                  "wall-clock only between conditions measured in one session. Steps' seconds / GRPO's: a run's seconds "
-                  "inside its steps (start-up left out) over those of GRPO's run of its seed timed in the same "
+                  "wall-clock only between conditions measured in one session. Steps' seconds / GRPO's: a run's "
+                  "seconds inside its steps (start-up left out) over those of GRPO's run of its seed timed in the same "
                   "session, median and IQR over the pairs. Token cost = generated + 3 x trained "
                   "tokens (a sampled token about one forward pass, a trained one a forward and a backward; decoding "
                   "on GPUs costs more per token than this FLOP count, hence both parts apart). Scores per seed, the "
