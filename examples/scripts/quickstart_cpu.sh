@@ -149,7 +149,7 @@ run_logged "$RUN_DIR/train.log" "$python" -m openrlhf_replay.cli.train_ppo_ray \
   --actor.num_gpus_per_node 1 --ref.num_gpus_per_node 1 \
   --algo.advantage.estimator group_norm --algo.kl.init_coef 0 \
   --actor.eps_clip_low_high 0.2 0.28 --actor.adam.lr "$LR" --actor.lr_scheduler constant --actor.lr_warmup_ratio 0 \
-  --rollout.batch_size $PROMPTS_PER_STEP --rollout.n_samples_per_prompt $SAMPLES_PER_PROMPT \
+  --rollout.batch_size "$PROMPTS_PER_STEP" --rollout.n_samples_per_prompt "$SAMPLES_PER_PROMPT" \
   --rollout.micro_batch_size 8 --rollout.max_new_tokens "$MAX_NEW_TOKENS" --rollout.temperature "$TEMPERATURE" \
   --train.batch_size 8 --train.micro_batch_size 8 --train.num_episodes 1 --train.seed "$SEED" \
   --replay.mode advantage --replay.warmup 1 --replay.ratio 0.5 \

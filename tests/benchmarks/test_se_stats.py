@@ -281,11 +281,20 @@ def test_differences_equal_but_for_rounding_end_the_bisection():
 
 # ---------------------------------------------------------------------------------- the report
 
-def report_summary(runs, edition, tmp_path):
+def report_summary(runs, edition, tmp_path, analyse_only=False):
     """se_report.summarize as the lab calls it, with the settings table.md reads."""
     a = SimpleNamespace(edition=edition, holm_conditions=se_settings.EDITION, eval_samples=8, out_dir=tmp_path,
-                        task="mixed", steps=50, prompts_per_step=16, group_size=8, train_batch=64)
+                        task="mixed", steps=50, prompts_per_step=16, group_size=8, train_batch=64,
+                        analyse_only=analyse_only)
     return se_report.summarize(a, runs)
+
+
+def test_an_analysis_of_committed_runs_names_its_own_checkout_as_the_analysis_not_the_grading(tmp_path):
+    runs = fifth_edition_runs(seeds=2)
+    graded, analysed = report_summary(runs, 5, tmp_path), report_summary(runs, 5, tmp_path, analyse_only=True)
+    assert "grader" in graded["provenance"] and "analysed_with" not in graded["provenance"]
+    assert set(analysed["provenance"]) == {"analysed_with"}
+    assert analysed["provenance"]["analysed_with"] == graded["provenance"]
 
 
 def test_the_report_takes_the_family_and_the_primary_question_from_the_edition(tmp_path):
