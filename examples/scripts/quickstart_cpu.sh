@@ -19,7 +19,8 @@
 #            run stops before training and says which file is missing), GSM8K in train/
 #   RUN_DIR  where everything goes (default runs/quickstart_cpu/<date-time>)
 #   STEPS    GRPO steps (default 4)        EVAL_LIMIT  problems per benchmark (default 2)
-#   PROMPTS_PER_STEP  prompts a step (default 4, each sampled 4 times); STEPS x it are trained on
+#   PROMPTS_PER_STEP  prompts a step (default 4); STEPS x it are trained on
+#   SAMPLES_PER_PROMPT  responses generated per prompt, the GRPO group (default 4)
 #   LR       learning rate (default 5e-5)  SEED  training and held-out sampling seed (default 42)
 #   HELDOUT  held-out problems, drawn from those not trained on (default: all of them, 0, with the
 #            arithmetic problems: 146 at 4 steps; 146 with GSM8K)
@@ -57,7 +58,7 @@ SEED=${SEED:-42}
 HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-1}
 if [ "$DATA" = arithmetic ]; then HELDOUT=${HELDOUT:-0}; else HELDOUT=${HELDOUT:-146}; fi
 PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-4}
-SAMPLES_PER_PROMPT=4
+SAMPLES_PER_PROMPT=${SAMPLES_PER_PROMPT:-4}
 if [ "$DATA" = arithmetic ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-48}
 elif [ "$MODEL" = tiny ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 else MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-200}; fi

@@ -140,7 +140,7 @@ def test_help_lists_the_settings_and_arguments_are_refused():
     shown = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True)
     assert shown.returncode == 0
     for setting in ("MODEL", "DATA", "RUN_DIR", "STEPS", "EVAL_LIMIT", "MAX_NEW_TOKENS", "TEMPERATURE", "LR", "SEED",
-                    "HELDOUT", "HELDOUT_SAMPLES", "PROMPTS_PER_STEP"):
+                    "HELDOUT", "HELDOUT_SAMPLES", "PROMPTS_PER_STEP", "SAMPLES_PER_PROMPT"):
         assert f"  {setting}" in shown.stdout or f" {setting} (" in shown.stdout, setting
     refused = subprocess.run(["bash", str(SCRIPT), "--steps", "3"], capture_output=True, text=True)
     assert refused.returncode == 2 and "environment variables" in refused.stderr
