@@ -23,7 +23,7 @@
 #   SAMPLES_PER_PROMPT  responses generated per prompt, the GRPO group (default 4)
 #   LR       learning rate (default 5e-5)  SEED  training and held-out sampling seed (default 42)
 #   HELDOUT  held-out problems, drawn from those not trained on (default: all of them, 0, with the
-#            arithmetic problems: 146 at 4 steps; 146 with GSM8K)
+#            arithmetic problems: 146 at the default 4 steps of 4 prompts; 146 with GSM8K)
 #   HELDOUT_SAMPLES  samples per held-out problem (default 1; 2 narrowed the interval from ~18 to ~16
 #            points for ~65 s more in the pilot: benchmarks/results/quickstart_pilot.md)
 #   EVAL=0   skip the evaluation (held-out and benchmarks)
@@ -59,6 +59,15 @@ HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-1}
 if [ "$DATA" = arithmetic ]; then HELDOUT=${HELDOUT:-0}; else HELDOUT=${HELDOUT:-146}; fi
 PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-4}
 SAMPLES_PER_PROMPT=${SAMPLES_PER_PROMPT:-4}
+# The settings the script multiplies: whole numbers, and a GRPO group of at least 2 responses
+# (one response has no group to be compared with, so it would train on nothing).
+for setting in STEPS:1 PROMPTS_PER_STEP:1 SAMPLES_PER_PROMPT:2; do
+  name=${setting%:*} least=${setting#*:}
+  if ! [[ ${!name} =~ ^[0-9]+$ ]] || (( 10#${!name} < least )); then
+    echo "quickstart_cpu.sh: $name=${!name}: give a whole number of at least $least (see --help)" >&2
+    exit 2
+  fi
+done
 if [ "$DATA" = arithmetic ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-48}
 elif [ "$MODEL" = tiny ]; then MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 else MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-200}; fi

@@ -144,3 +144,7 @@ def test_help_lists_the_settings_and_arguments_are_refused():
         assert f"  {setting}" in shown.stdout or f" {setting} (" in shown.stdout, setting
     refused = subprocess.run(["bash", str(SCRIPT), "--steps", "3"], capture_output=True, text=True)
     assert refused.returncode == 2 and "environment variables" in refused.stderr
+    for setting, value in (("SAMPLES_PER_PROMPT", "1"), ("PROMPTS_PER_STEP", "four"), ("STEPS", "0")):
+        bad = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True,
+                             env={**os.environ, setting: value, "RUN_DIR": "/nonexistent/never-made"})
+        assert bad.returncode == 2 and f"{setting}={value}: give a whole number" in bad.stderr, bad.stderr
