@@ -1,6 +1,7 @@
 """A reward for the dynamic-filtering pipeline run: 0 for every response to a prompt whose answer
 is a multiple of 3 (a group of one reward, which dynamic filtering drops), else 0 and 1 by turns
-for each prompt's responses, so that every other group of 4 has two of each and is kept.
+over each prompt's responses, so that each of those prompts' groups of 4 has two of each and is
+kept.
 
 Turns, not a coin flip: with coin flips one group in 8 came out constant, and how often depended
 on the CPU's arithmetic (a CI machine saw a whole call dropped where this one never did). The
