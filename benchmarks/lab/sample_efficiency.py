@@ -28,7 +28,8 @@ accuracy per band and the spread of per-prompt success rates after the warm star
 warm-started model is cached by recipe under runs/sample_efficiency_models/, shared by every
 output dir. The runs are trained one after another in one session (`se_session.py`: one Ray
 instance, one vLLM engine, one policy actor for all, each run starting from the warm start
-again), because a launch of its own spends about as long starting its processes as a run
+again; RLEP's `success` trains last, its offline pool decoded just before it by GRPO seed 1's
+final model), because a launch of its own spends about as long starting its processes as a run
 trains; each run's `command.sh` is the same run as a launch of its own (ended after `--steps`
 steps' prompts). A killed sweep, rerun with the same arguments, grades the runs it trained and did not
 grade, and reruns only the runs without a finished training or whose command changed (an
@@ -85,7 +86,7 @@ def finished_record(a: Args, cond: str, seed: int, cmd: list[str]) -> dict | str
     return None
 
 
-def train_in_session(a: Args, jobs: list[tuple[str, int, list[str]]], log) -> tuple[list, list]:
+def train_in_session(a: Args, jobs: list[tuple[str, int, list[str]]], log, prepare: dict) -> tuple[list, list]:
     """Train these (condition, seed, command) runs in one `se_session.py` process (one Ray
     instance, one vLLM engine, one policy actor for all; see its docstring). Returns (the runs
     whose steps.json it wrote, the run that failed if one did: the session stops there)."""
@@ -95,7 +96,8 @@ def train_in_session(a: Args, jobs: list[tuple[str, int, list[str]]], log) -> tu
         (run_dir / "command.sh").write_text(command_script(cmd))
     spec = a.out_dir / "session_jobs.json"
     spec.write_text(json.dumps([{"name": f"{c}_seed{s}", "command": cmd, "out": str(run_dir_of(a, c, s)),
-                                 "timeout_s": a.run_timeout_s, "max_prompts": a.steps * a.prompts_of(c)}
+                                 "timeout_s": a.run_timeout_s, "max_prompts": a.steps * a.prompts_of(c),
+                                 **({"prepare": prepare[f"{c}_seed{s}"]} if f"{c}_seed{s}" in prepare else {})}
                                 for c, s, cmd in jobs],
                                indent=1))
     log(f"training {len(jobs)} run(s) in one session ({a.steps} steps x "
@@ -294,27 +296,29 @@ def sweep(a: Args, log) -> list[dict]:
     if ungraded:
         log(f"{len(ungraded)} run(s) trained by an earlier call and not graded: graded now")
     failed = grade_all(a, ungraded, records, heldout, log)
-    # `success` trains last: its pool comes from GRPO's seed 1, which must be finished first.
-    later = [job for job in pending if str(success_pool_path(a)) in job[2]]  # its command reads the pool built here
-    failed += train_all(a, [job for job in pending if job not in later], records, heldout, log)
-    if later and (se_analysis.BASELINE, 1) in records:
-        build_success_pool(a, data, log)
-        failed += train_all(a, later, records, heldout, log)
-    elif later:
+    # `success` trains last, in the same session: its pool is decoded by GRPO seed 1's final model
+    # just before its first run, so that run must be finished already or train first.
+    later = [job for job in pending if str(success_pool_path(a)) in job[2]]  # its command reads the pool
+    first = [job for job in pending if job not in later]
+    grpo = (se_analysis.BASELINE, 1)
+    if later and grpo not in records and all(job[:2] != grpo for job in first):
         log(f"success: not trained, its pool needs a finished {se_analysis.BASELINE}_seed1")
         failed += [f"success_seed{seed}" for _, seed, _ in later]
+        later = []
+    failed += train_all(a, first + later, records, heldout, log, pool_step(a, data, first, later, log))
     if failed:
         log(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them")
     return [records[key] for key in planned if key in records]
 
 
-def train_all(a: Args, pending: list, records: dict, heldout, log) -> list[str]:
+def train_all(a: Args, pending: list, records: dict, heldout, log, prepare: dict | None = None) -> list[str]:
     """Train and grade the pending (condition, seed, command) runs, one session at a time until
     none is left or a session dies before its first run ends; records of the finished runs go
-    to `records`. Returns the names of the runs that failed."""
+    to `records`. `prepare`: run name -> what its session runs just before it (se_session.py).
+    Returns the names of the runs that failed."""
     failed = []
     while pending:
-        trained, broken = train_in_session(a, pending, log)
+        trained, broken = train_in_session(a, pending, log, prepare or {})
         failed += grade_all(a, trained, records, heldout, log)
         for cond, seed, _ in broken:
             log(f"FAILED: {cond}_seed{seed}; see {run_dir_of(a, cond, seed) / 'error.txt'} and the session log")
@@ -339,26 +343,26 @@ def grade_all(a: Args, trained: list, records: dict, heldout, log) -> list[str]:
     return failed
 
 
-def build_success_pool(a: Args, data: Path, log) -> Path:
+def pool_step(a: Args, data: Path, first: list, later: list, log) -> dict[str, dict]:
     """RLEP's offline pool for `success`, built as RLEP builds it (a finished GRPO run decodes
     every training prompt; the verified successes are kept: Kwai-Klear/RLEP, README and
     recipe/rlep/rlep_training.sh): GRPO seed 1's final model samples `group_size` answers to each
     prompt of the RL pool at the rollout temperature. So `success` has something to replay even
-    when no prompt returns within a run. Built again when that run is newer than the pool."""
+    when no prompt returns within a run. The command, keyed by the first `success` run it comes
+    before in the session; nothing when GRPO's seed 1 is not trained now and the pool is newer."""
     pool, grpo = success_pool_path(a), run_dir_of(a, se_analysis.BASELINE, 1)
-    if pool.is_file() and pool.stat().st_mtime > (grpo / "DONE").stat().st_mtime:
-        return pool
-    cmd = [sys.executable, "-m", "openrlhf_replay.cli.build_success_pool", "--model", str(grpo / "model"),
-           "--prompts", str(data), "--input-key", "prompt", "--label-key", "answer",
-           "--input-template", PROMPT_TEMPLATE, "--max-samples", str(a.pool_size),
-           "--samples-per-prompt", str(a.group_size), "--temperature", str(ROLLOUT_TEMPERATURE),
-           "--max-len", "64", "--max-new-tokens", str(a.max_new_tokens), "--backend", "hf",
-           "--out", str(pool), "--overwrite"]
-    t0 = time.perf_counter()
-    with open(a.out_dir / "success_pool.log", "w") as out:
-        subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, check=True)
-    log(f"success: RLEP's pool from {grpo.name}'s model in {time.perf_counter() - t0:.0f} s: {pool}")
-    return pool
+    trains_now = any(job[:2] == (se_analysis.BASELINE, 1) for job in first)
+    if not later or (not trains_now and pool.is_file() and pool.stat().st_mtime > (grpo / "DONE").stat().st_mtime):
+        return {}
+    name = f"{later[0][0]}_seed{later[0][1]}"
+    log(f"success: RLEP's pool from {grpo.name}'s model, decoded in the session just before {name}: {pool}")
+    command = [sys.executable, "-m", "openrlhf_replay.cli.build_success_pool", "--model", str(grpo / "model"),
+               "--prompts", str(data), "--input-key", "prompt", "--label-key", "answer",
+               "--input-template", PROMPT_TEMPLATE, "--max-samples", str(a.pool_size),
+               "--samples-per-prompt", str(a.group_size), "--temperature", str(ROLLOUT_TEMPERATURE),
+               "--max-len", "64", "--max-new-tokens", str(a.max_new_tokens), "--backend", "hf",
+               "--out", str(pool), "--overwrite"]
+    return {name: {"command": command, "makes": [str(pool)]}}
 
 
 if __name__ == "__main__":

@@ -27,7 +27,10 @@ the engine is built from must be the same in every command (`ENGINE_FLAGS`).
 JOBS.json is a list of {"name", "command" (a `python -m openrlhf_replay.cli.train_ppo_ray ...`
 argv), "out" (a folder), optionally "timeout_s" (the run's training is stopped after it) and
 "max_prompts" (the run ends once its generation drew that many prompts: a skipping run's loader
-holds more passes than it needs)}. For
+holds more passes than it needs) and "prepare" ({"command": an argv run in the repository just
+before the run, its output in `<out>/prepare.log`; "makes": the files it writes, which the run
+reads: the lab's RLEP pool, decoded by an earlier run's final model. Every command is checked
+before Ray starts, the checks that read such a file when the run loads it)}. For
 each run, in order, `<out>/steps.json` gets upstream's status dict of every step (the dict its
 `Global step N` line prints), the run's wall time, `session` (this session's start, UTC: runs
 with the same one were timed side by side), `cpu` and, for the first run, `session_startup_s`:
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -60,15 +64,19 @@ ENGINE_FLAGS = ("actor.model_name_or_path", "actor.num_nodes", "actor.num_gpus_p
                 "train.full_determinism_enable", "train.colocate_all", "algo.kl.init_coef")
 
 
-def resolve(command: list[str]):
-    """The nested arguments upstream's `train()` would get from this launcher command."""
+def resolve(command: list[str], pending=()):
+    """The nested arguments upstream's `train()` would get from this launcher command; `pending`:
+    its input files that a step before it makes (not read here when missing)."""
+    from openrlhf_replay.cli import train_ppo_ray
     from openrlhf_replay.cli.validate import Invalid, resolve_training, split_command
 
     module, argv = split_command(command)
     if module != LAUNCHER:
         raise SystemExit(f"se_session: a run's command must be `python -m {LAUNCHER} ...`, not `-m {module}`")
+    missing = frozenset(os.path.realpath(path) for path in pending if not os.path.exists(path))
     try:
-        args, _ = resolve_training(module, argv)
+        with train_ppo_ray._patched(train_ppo_ray, "PENDING_FILES", missing):
+            args, _ = resolve_training(module, argv)
     except Invalid as e:
         raise SystemExit("se_session: the launcher refuses a run's command:\n  " + "\n  ".join(e.errors)) from None
     return args
@@ -226,6 +234,21 @@ class Session:
         return statuses
 
 
+def prepare(job: dict) -> None:
+    """Run the job's "prepare" command; raise if it fails or leaves a file it makes missing."""
+    step, out = job["prepare"], Path(job["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(out / "prepare.log", "w") as log:
+        done = subprocess.run(step["command"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    missing = [path for path in step["makes"] if not os.path.exists(path)]
+    if done.returncode != 0 or missing:
+        raise RuntimeError(f"{job['name']}: its prepare command ended with {done.returncode}"
+                           f"{', without ' + ', '.join(missing) if missing else ''}; see {out / 'prepare.log'}")
+    print(f"se_session: {job['name']} prepared in {time.perf_counter() - start:.0f} s: "
+          f"{' '.join(step['command'][:3])} ...", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from infra.hardware import cpu_description
     from openrlhf_replay.cpu import launcher as cpu_launcher
@@ -238,16 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENRLHF_REPLAY_DEVICE", "cpu")
     if not cpu_launcher.activate():
         raise SystemExit("se_session: runs on the CPU platform only (OPENRLHF_REPLAY_DEVICE=cpu)")
-    resolved = [resolve(job["command"]) for job in jobs]  # every refusal before Ray starts (each prints the platform)
+    # every refusal before Ray starts (each prints the platform)
+    resolved = [resolve(job["command"], job.get("prepare", {}).get("makes", ())) for job in jobs]
     session = Session(resolved[0])
     print(f"se_session: {len(jobs)} run(s); Ray, vLLM and the actors started", flush=True)
     try:
         for n, (job, args) in enumerate(zip(jobs, resolved)):
             out = Path(job["out"])
             out.mkdir(parents=True, exist_ok=True)
-            start, load = time.perf_counter(), os.getloadavg()[0]
-            print(f"se_session: run {n + 1}/{len(jobs)} {job['name']} starts", flush=True)
             try:
+                if job.get("prepare"):
+                    prepare(job)
+                start, load = time.perf_counter(), os.getloadavg()[0]
+                print(f"se_session: run {n + 1}/{len(jobs)} {job['name']} starts", flush=True)
                 statuses = session.run(args, job.get("timeout_s"), job.get("max_prompts"))
             except Exception:
                 (out / "error.txt").write_text(traceback.format_exc())

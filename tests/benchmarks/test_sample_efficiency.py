@@ -558,13 +558,16 @@ def test_the_quick_sweep_trains_evaluates_and_summarises(tmp_path):
     for name in ("table.md", "curves.png", "curves_all.png", "bands.png", "spread.png", "runs.json.gz",
                  "zero_variance.png"):
         assert (out / name).is_file(), name
-    assert "training 5 run(s) in one session" in proc.stdout
+    assert "training 6 run(s) in one session" in proc.stdout
     assert "rollouts per condition; measured 20" in (out / "table.md").read_text().splitlines()[0]
-    # RLEP's pool is decoded by GRPO seed 1's final model, after that run and before `success` trains
+    # RLEP's pool is decoded by GRPO seed 1's final model, in the same session: after that run
+    # and just before `success` trains (the last run)
     pool = out / "data" / "success_pool.npz"
-    assert "success: RLEP's pool from none_seed1's model" in proc.stdout and pool.is_file()
-    assert proc.stdout.index("RLEP's pool") > proc.stdout.index("none_seed1: trained")
-    assert proc.stdout.index("RLEP's pool") < proc.stdout.index("training 1 run(s) in one session")
+    assert "success: RLEP's pool from none_seed1's model, decoded in the session just before success_seed1" \
+        in proc.stdout and pool.is_file()
+    session = (out / "session.log").read_text()
+    assert session.index("run none_seed1 done") < session.index("success_seed1 prepared in") \
+        < session.index("run 6/6 success_seed1 starts")
     assert load_pool(pool).successes_per_prompt()
     assert _flag((out / "runs/success_seed1/command.sh").read_text().split(), "--replay.success_pool") == str(pool)
     _check_the_archive_and_the_resume(quick, out, tmp_path, conds, env)
@@ -588,9 +591,8 @@ def _check_the_quick_runs(runs: dict) -> None:
     # pass skips prompts whose first group had equal rewards; every group generated is counted
     skip = runs["skip_refill"]["steps"]
     assert len(skip) <= 10 and sum(s["replay"].get("replay/skip_skipped_prompts", 0) for s in skip) > 0
-    # two sessions: RLEP's trains after the pool that GRPO's run decodes; each run names its CPU
-    first = {run["session"] for c, run in runs.items() if c != "success"}
-    assert len(first) == 1 and runs["success"]["session"] not in first and all(r["cpu"] for r in runs.values())
+    # one session, RLEP's run included (its pool decoded inside it); each run names its CPU
+    assert len({run["session"] for run in runs.values()}) == 1 and all(r["cpu"] for r in runs.values())
     for run in runs.values():
         steps = run["steps"]
         assert sum(s["groups"] for s in steps) * 8 == sum(s["generated_rollouts"] for s in steps)

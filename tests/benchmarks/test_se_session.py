@@ -113,3 +113,20 @@ def test_settings_the_engine_is_built_from_must_agree():
     assert se_session.engine_mismatches(first, args("--data.max_len", "64", "--replay.mode", "uniform")) == []
     assert se_session.engine_mismatches(first, args("--data.max_len", "128")) == [
         "--data.max_len: 64 in the first run, 128 here"]
+
+
+def test_a_prepare_command_must_end_well_and_make_its_files(tmp_path):
+    made = tmp_path / "made.txt"
+    job = {"name": "later", "out": str(tmp_path / "later"),
+           "prepare": {"command": [sys.executable, "-c", f"open({str(made)!r}, 'w').write('pool'); print('decoded')"],
+                       "makes": [str(made)]}}
+    se_session.prepare(job)
+    assert made.read_text() == "pool" and "decoded" in (tmp_path / "later" / "prepare.log").read_text()
+    failing = {**job, "prepare": {"command": [sys.executable, "-c", "import sys; print('no model'); sys.exit(3)"],
+                                  "makes": []}}
+    with pytest.raises(RuntimeError, match=r"its prepare command ended with 3; see .*prepare\.log"):
+        se_session.prepare(failing)
+    assert "no model" in (tmp_path / "later" / "prepare.log").read_text()
+    silent = {**job, "prepare": {"command": [sys.executable, "-c", "pass"], "makes": [str(tmp_path / "pool.npz")]}}
+    with pytest.raises(RuntimeError, match="ended with 0, without .*pool.npz"):
+        se_session.prepare(silent)
