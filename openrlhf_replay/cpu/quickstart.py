@@ -141,34 +141,42 @@ ARITHMETIC = "arithmetic"
 SHORT_INSTRUCTION = "Answer with the number only, within \\boxed{}."
 
 
+# The one-step problems, by kind: (question, answer) for single-digit operands a and b. Four kinds
+# of 81 give 324 problems, so that the held-out problems outnumber the trained ones twelve to one
+# at the default shape and the before/after interval is narrow enough to resolve a run's gain
+# (benchmarks/results/quickstart_pilot.md, fifth round).
+ARITHMETIC_KINDS = {
+    "add": lambda a, b: (f"What is {a} + {b}?", a + b),
+    "sub": lambda a, b: (f"Tom has {a + b} apples and gives away {b}. How many apples does Tom have left?", a),
+    "minus": lambda a, b: (f"What is {a + b} - {b}?", a),
+    "more": lambda a, b: (f"Tom has {a} apples and buys {b} more. How many apples does Tom have now?", a + b),
+}
+
+
 def _arithmetic_problem(kind: str, a: int, b: int) -> dict:
-    """One problem, {"id", "prompt", "label"}: `What is a + b?` ("add"), or the word problem that
-    takes b from a + b ("sub")."""
-    if kind == "add":
-        question, answer = f"What is {a} + {b}?", a + b
-    else:
-        question, answer = f"Tom has {a + b} apples and gives away {b}. How many apples does Tom have left?", a
+    """One problem of `kind` (ARITHMETIC_KINDS), {"id", "prompt", "label"}."""
+    question, answer = ARITHMETIC_KINDS[kind](a, b)
     return {"id": f"{kind}-{a}-{b}", "prompt": f"{question}\n{SHORT_INSTRUCTION}", "label": str(answer)}
 
 
 def arithmetic_rows(n: int, seed: int = 0) -> list[dict]:
-    """`n` one-step problems with single-digit operands, alternately `What is a + b?` and a word
-    problem with a subtraction, as OpenRLHF prompts {"prompt", "label"}: the quickstart's default.
-    The answers are a few tokens long, so a step costs a fraction of a GSM8K step, and SmolLM2-135M
-    solves some of them: 15 of 64 samples right on 16 such problems (transformers, temperature 0.7,
-    32 tokens, mean response 25 tokens), and 10 of the 16 groups of 4 had mixed rewards, so carried an advantage."""
-    rng = random.Random(seed)
+    """`n` one-step problems with single-digit operands, the kinds of ARITHMETIC_KINDS in turn, as
+    OpenRLHF prompts {"prompt", "label"}: the quickstart's default. The answers are a few tokens
+    long, so a step costs a fraction of a GSM8K step, and SmolLM2-135M solves some of them: 15 of 64
+    samples right on 16 sums and word subtractions (transformers, temperature 0.7, 32 tokens, mean
+    response 25 tokens), and 10 of the 16 groups of 4 had mixed rewards, so carried an advantage."""
+    rng, kinds = random.Random(seed), list(ARITHMETIC_KINDS)
     rows = []
     for i in range(n):
         a, b = rng.randint(1, 9), rng.randint(1, 9)
-        rows.append(_arithmetic_problem("add" if i % 2 == 0 else "sub", a, b))
+        rows.append(_arithmetic_problem(kinds[i % len(kinds)], a, b))
     return [{"prompt": r["prompt"], "label": r["label"]} for r in rows]
 
 
 def arithmetic_pool() -> list[dict]:
-    """Every problem `arithmetic_rows` can write (81 sums, 81 subtractions), {"id", "prompt", "label"}:
-    what the held-out problems are drawn from."""
-    return [_arithmetic_problem(kind, a, b) for a in range(1, 10) for b in range(1, 10) for kind in ("add", "sub")]
+    """Every problem `arithmetic_rows` can write (81 of each kind), {"id", "prompt", "label"}: what
+    the held-out problems are drawn from."""
+    return [_arithmetic_problem(kind, a, b) for a in range(1, 10) for b in range(1, 10) for kind in ARITHMETIC_KINDS]
 
 
 def prepare_data(source: str | Path, out: Path, n: int, easiest: bool = False) -> int:

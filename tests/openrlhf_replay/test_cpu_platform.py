@@ -260,19 +260,22 @@ def test_prepare_data_writes_prompts_and_gold_labels(tmp_path):
 
 def test_the_default_arithmetic_problems_carry_their_right_answers_and_need_no_data_file(tmp_path):
     out = tmp_path / "prompts.jsonl"
-    assert prepare_data(ARITHMETIC, out, 6, easiest=True) == 6
+    assert prepare_data(ARITHMETIC, out, 8, easiest=True) == 8
     rows = [json.loads(line) for line in out.read_text().splitlines()]
+    kinds = {r"What is (\d) \+ (\d)\?": lambda a, b: a + b,
+             r"Tom has (\d+) apples and gives away (\d)\. How many apples does Tom have left\?": lambda a, b: a - b,
+             r"What is (\d+) - (\d)\?": lambda a, b: a - b,
+             r"Tom has (\d) apples and buys (\d) more\. How many apples does Tom have now\?": lambda a, b: a + b}
+    seen = []
     for row in rows:
         question, instruction = row["prompt"].split("\n")
         assert "\\boxed{}" in instruction
-        if m := re.fullmatch(r"What is (\d) \+ (\d)\?", question):
-            assert row["label"] == str(int(m[1]) + int(m[2]))
-        else:
-            m = re.fullmatch(r"Tom has (\d+) apples and gives away (\d)\. How many apples does Tom have left\?", question)
-            assert m and row["label"] == str(int(m[1]) - int(m[2])) and int(row["label"]) > 0
-    assert sum("gives away" in r["prompt"] for r in rows) == 3  # the two kinds alternate
+        [(kind, m)] = [(k, m) for k in kinds if (m := re.fullmatch(k, question))]
+        assert row["label"] == str(kinds[kind](int(m[1]), int(m[2]))) and int(row["label"]) > 0
+        seen.append(kind)
+    assert seen == [*kinds, *kinds]  # the kinds take turns
     again = tmp_path / "again.jsonl"
-    prepare_data(ARITHMETIC, again, 6)
+    prepare_data(ARITHMETIC, again, 8)
     assert again.read_text() == out.read_text()  # seeded: every run trains on the same problems
 
 

@@ -14,12 +14,12 @@ def test_held_out_problems_are_every_problem_the_training_file_lacks(tmp_path):
     prepare_data("arithmetic", prompts, 16)
     trained = {json.loads(line)["prompt"] for line in prompts.read_text().splitlines()}
     pool = arithmetic_pool()
-    assert len(pool) == len({p["prompt"] for p in pool}) == 162
+    assert len(pool) == len({p["prompt"] for p in pool}) == 324  # four kinds x 81 operand pairs
     every = heldout.held_out(pool, prompts, 0, seed=1)
-    assert len(every) == 162 - len(trained) and not {p["prompt"] for p in every} & trained
+    assert len(every) == 324 - len(trained) and not {p["prompt"] for p in every} & trained
     assert [p["id"] for p in heldout.held_out(pool, prompts, 10, seed=1)] == [p["id"] for p in every[:10]]
     assert heldout.held_out(pool, prompts, 10, seed=1) != heldout.held_out(pool, prompts, 10, seed=2)
-    with pytest.raises(ValueError, match=f"only {len(every)} of the 162"):
+    with pytest.raises(ValueError, match=f"only {len(every)} of the 324"):
         heldout.held_out(pool, prompts, len(every) + 1, seed=1)
 
 
