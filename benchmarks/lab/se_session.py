@@ -67,15 +67,13 @@ ENGINE_FLAGS = ("actor.model_name_or_path", "actor.num_nodes", "actor.num_gpus_p
 def resolve(command: list[str], pending=()):
     """The nested arguments upstream's `train()` would get from this launcher command; `pending`:
     its input files that a step before it makes (not read here when missing)."""
-    from openrlhf_replay.cli import train_ppo_ray
-    from openrlhf_replay.cli.validate import Invalid, resolve_training, split_command
+    from openrlhf_replay.cli.validate import Invalid, pending_files, resolve_training, split_command
 
     module, argv = split_command(command)
     if module != LAUNCHER:
         raise SystemExit(f"se_session: a run's command must be `python -m {LAUNCHER} ...`, not `-m {module}`")
-    missing = frozenset(os.path.realpath(path) for path in pending if not os.path.exists(path))
     try:
-        with train_ppo_ray._patched(train_ppo_ray, "PENDING_FILES", missing):
+        with pending_files(pending):
             args, _ = resolve_training(module, argv)
     except Invalid as e:
         raise SystemExit("se_session: the launcher refuses a run's command:\n  " + "\n  ".join(e.errors)) from None

@@ -128,6 +128,15 @@ def _env_default(name: str, value: str):
         os.environ.pop(name, None)
 
 
+@contextlib.contextmanager
+def pending_files(paths):
+    """For the duration of the block, the checks that read one of `paths` (input files an earlier
+    step makes, e.g. RLEP's pool) skip it while it does not exist; yields the missing ones."""
+    missing = frozenset(os.path.realpath(path) for path in paths if not os.path.exists(path))
+    with _patched(train_ppo_ray, "PENDING_FILES", missing):
+        yield missing
+
+
 def _parser_error(parser, message):
     raise Invalid([f"{parser.prog}: {message}"])
 
@@ -332,9 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("no command given: pass -- python -m <module> <arguments>")
     shown = " ".join(command[:3])
-    pending = frozenset(os.path.realpath(path) for path in args.pending if not os.path.exists(path))
     try:
-        with _patched(train_ppo_ray, "PENDING_FILES", pending):
+        with pending_files(args.pending) as pending:
             report = validate(command)
     except Invalid as e:
         print(f"validate: INVALID {shown}:\n  - " + "\n  - ".join(e.errors), file=sys.stderr, flush=True)
