@@ -300,25 +300,25 @@ def sweep(a: Args, log) -> list[dict]:
     # just before its first run, so that run must be finished already or train first.
     later = [job for job in pending if str(success_pool_path(a)) in job[2]]  # its command reads the pool
     first = [job for job in pending if job not in later]
-    grpo = (se_analysis.BASELINE, 1)
-    if later and grpo not in records and all(job[:2] != grpo for job in first):
+    grpo_trains_now = any(job[:2] == (se_analysis.BASELINE, 1) for job in first)
+    if later and not grpo_trains_now and (se_analysis.BASELINE, 1) not in records:
         log(f"success: not trained, its pool needs a finished {se_analysis.BASELINE}_seed1")
         failed += [f"success_seed{seed}" for _, seed, _ in later]
         later = []
-    failed += train_all(a, first + later, records, heldout, log, pool_step(a, data, first, later, log))
+    failed += train_all(a, first + later, records, heldout, log, pool_step(a, data, later, grpo_trains_now, log))
     if failed:
         log(f"{len(failed)} run(s) failed: {', '.join(failed)}; rerun to retry them")
     return [records[key] for key in planned if key in records]
 
 
-def train_all(a: Args, pending: list, records: dict, heldout, log, prepare: dict | None = None) -> list[str]:
+def train_all(a: Args, pending: list, records: dict, heldout, log, prepare: dict) -> list[str]:
     """Train and grade the pending (condition, seed, command) runs, one session at a time until
     none is left or a session dies before its first run ends; records of the finished runs go
     to `records`. `prepare`: run name -> what its session runs just before it (se_session.py).
     Returns the names of the runs that failed."""
     failed = []
     while pending:
-        trained, broken = train_in_session(a, pending, log, prepare or {})
+        trained, broken = train_in_session(a, pending, log, prepare)
         failed += grade_all(a, trained, records, heldout, log)
         for cond, seed, _ in broken:
             log(f"FAILED: {cond}_seed{seed}; see {run_dir_of(a, cond, seed) / 'error.txt'} and the session log")
@@ -343,7 +343,7 @@ def grade_all(a: Args, trained: list, records: dict, heldout, log) -> list[str]:
     return failed
 
 
-def pool_step(a: Args, data: Path, first: list, later: list, log) -> dict[str, dict]:
+def pool_step(a: Args, data: Path, later: list, grpo_trains_now: bool, log) -> dict[str, dict]:
     """RLEP's offline pool for `success`, built as RLEP builds it (a finished GRPO run decodes
     every training prompt; the verified successes are kept: Kwai-Klear/RLEP, README and
     recipe/rlep/rlep_training.sh): GRPO seed 1's final model samples `group_size` answers to each
@@ -351,8 +351,8 @@ def pool_step(a: Args, data: Path, first: list, later: list, log) -> dict[str, d
     when no prompt returns within a run. The command, keyed by the first `success` run it comes
     before in the session; nothing when GRPO's seed 1 is not trained now and the pool is newer."""
     pool, grpo = success_pool_path(a), run_dir_of(a, se_analysis.BASELINE, 1)
-    trains_now = any(job[:2] == (se_analysis.BASELINE, 1) for job in first)
-    if not later or (not trains_now and pool.is_file() and pool.stat().st_mtime > (grpo / "DONE").stat().st_mtime):
+    fresh = pool.is_file() and not grpo_trains_now and pool.stat().st_mtime > (grpo / "DONE").stat().st_mtime
+    if not later or fresh:
         return {}
     name = f"{later[0][0]}_seed{later[0][1]}"
     log(f"success: RLEP's pool from {grpo.name}'s model, decoded in the session just before {name}: {pool}")

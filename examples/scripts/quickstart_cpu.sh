@@ -56,7 +56,11 @@ LR=${LR:-5e-5}
 SEED=${SEED:-42}
 HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-1}
 # 6 arithmetic steps resolved the before/after difference in 12 of 15 runs, 4 in 1 of 3 (the pilot)
-if [ "$DATA" = arithmetic ]; then STEPS=${STEPS:-6} HELDOUT=${HELDOUT:-0}; else STEPS=${STEPS:-4} HELDOUT=${HELDOUT:-146}; fi
+if [ "$DATA" = arithmetic ]; then
+  STEPS=${STEPS:-6} HELDOUT=${HELDOUT:-0}
+else
+  STEPS=${STEPS:-4} HELDOUT=${HELDOUT:-146}
+fi
 PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-4}
 SAMPLES_PER_PROMPT=${SAMPLES_PER_PROMPT:-4}
 # The settings the script multiplies: whole numbers, and a GRPO group of at least 2 responses
