@@ -23,7 +23,7 @@
 #   SAMPLES_PER_PROMPT  responses generated per prompt, the GRPO group (default 4)
 #   LR       learning rate (default 3e-5; 5e-5 with GSM8K)  SEED  training and held-out sampling seed (42)
 #   HELDOUT  held-out problems, drawn from those not trained on (default: all of them, 0, with the
-#            arithmetic problems: 292 at the default 8 steps of 4 prompts; 146 with GSM8K)
+#            arithmetic problems: 293 at the default 8 steps of 4 prompts; 146 with GSM8K)
 #   HELDOUT_SAMPLES  samples per held-out problem (default 1; on 146 problems, 2 narrowed the interval
 #            from ~18 to ~16 points for ~65 s more: benchmarks/results/quickstart_pilot.md)
 #   EVAL=0   skip the evaluation (held-out and benchmarks)
