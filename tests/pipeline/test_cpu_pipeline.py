@@ -394,9 +394,11 @@ _BF16_STEP = 2**-7
 def test_replayed_rows_get_the_current_critics_values(runs):
     """A causal critic's value at a row's first action column sees the prompt only. So a replayed
     row's value there equals the value the critic gives the step's fresh rows of the same prompt
-    (the second episode revisits the first's prompts), and differs from the value its own
-    rollout had when fresh, steps before: its values are the current critic's, not stored ones.
-    Values, returns and advantages are finite."""
+    (the second episode revisits the first's prompts). The critic trains between steps, so replayed
+    rows' values move away from those their rollouts had when fresh: at least one by more than
+    rounding (one row may move by a single bf16 step, as one did in a suite run, so not every one
+    is asked to). Their values are the current critic's, not stored ones. Values, returns and
+    advantages are finite."""
     run = runs["replay"]
     dumps = {int(p.stem[len("step"):]): json.loads(p.read_text()) for p in (run["dir"] / "dump").glob("step*.json")}
     assert sorted(dumps) == [1, 2, 3]  # the steps that replay (counted from 0)
@@ -404,7 +406,7 @@ def test_replayed_rows_get_the_current_critics_values(runs):
     def first(row):
         return row["action_mask"].index(True)
 
-    same_prompt = moved = 0
+    same_prompt, moved = 0, []  # (value when fresh, value replayed) of each replayed row seen fresh
     seen: dict[tuple, list[float]] = {}  # a sequence's values when it was fresh
     for step in sorted(dumps):
         rows = dumps[step]["rows"]
@@ -423,10 +425,11 @@ def test_replayed_rows_get_the_current_critics_values(runs):
                 assert all(abs(v - value) <= _BF16_STEP * abs(v) for v in others), (step, value, others)
             then = seen.get(tuple(r["sequence"]))
             if then is not None:
-                moved += 1
-                assert abs(then[first(r)] - value) > 2 * _BF16_STEP * abs(value), (step, then[first(r)], value)
+                moved.append((then[first(r)], value))
         seen.update({tuple(r["sequence"]): r["values"] for r in rows if not r["replayed"]})
-    assert same_prompt >= 1 and moved >= 1, (same_prompt, moved)
+    assert same_prompt >= 1 and moved, (same_prompt, moved)
+    # Stored values would not move at all; the current critic's do, one at least beyond rounding.
+    assert any(abs(then - now) > 2 * _BF16_STEP * abs(now) for then, now in moved), moved
 
 
 def _grpo_lrs(schedule: str, max_steps: int, fresh_steps: int, warmup_ratio: float = 0.0) -> dict[int, float]:
