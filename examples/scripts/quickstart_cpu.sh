@@ -54,7 +54,7 @@ EVAL_LIMIT=${EVAL_LIMIT:-2}
 EVAL=${EVAL:-1}
 SEED=${SEED:-42}
 HELDOUT_SAMPLES=${HELDOUT_SAMPLES:-1}
-# Arithmetic at 8 steps and LR 3e-5 resolved the before/after difference in 20 of 20 runs (9 of 10
+# Arithmetic at 8 steps and LR 3e-5 resolved the before/after difference in 20 of 20 runs (14 of 15
 # in fp32), where 6 steps at 5e-5 resolved 12 of 15 (benchmarks/results/quickstart_pilot.md)
 if [ "$DATA" = arithmetic ]; then
   STEPS=${STEPS:-8} LR=${LR:-3e-5} HELDOUT=${HELDOUT:-0}
