@@ -394,11 +394,11 @@ _BF16_STEP = 2**-7
 def test_replayed_rows_get_the_current_critics_values(runs):
     """A causal critic's value at a row's first action column sees the prompt only. So a replayed
     row's value there equals the value the critic gives the step's fresh rows of the same prompt
-    (the second episode revisits the first's prompts). The critic trains between steps, so replayed
-    rows' values move away from those their rollouts had when fresh: at least one by more than
-    rounding (one row may move by a single bf16 step, as one did in a suite run, so not every one
-    is asked to). Their values are the current critic's, not stored ones. Values, returns and
-    advantages are finite."""
+    (the second episode revisits the first's prompts). The critic trains between steps, so no
+    replayed row carries the values its rollout had when fresh (a stored copy would match at every
+    action column), and at least one has moved at its first column by more than rounding (one row
+    moved there by a single bf16 step in a suite run, so not every one is asked to). Values,
+    returns and advantages are finite."""
     run = runs["replay"]
     dumps = {int(p.stem[len("step"):]): json.loads(p.read_text()) for p in (run["dir"] / "dump").glob("step*.json")}
     assert sorted(dumps) == [1, 2, 3]  # the steps that replay (counted from 0)
@@ -426,6 +426,8 @@ def test_replayed_rows_get_the_current_critics_values(runs):
             then = seen.get(tuple(r["sequence"]))
             if then is not None:
                 moved.append((then[first(r)], value))
+                actions = [i for i, m in enumerate(r["action_mask"]) if m]
+                assert [then[i] for i in actions] != [r["values"][i] for i in actions], (step, value)  # not a copy
         seen.update({tuple(r["sequence"]): r["values"] for r in rows if not r["replayed"]})
     assert same_prompt >= 1 and moved, (same_prompt, moved)
     # Stored values would not move at all; the current critic's do, one at least beyond rounding.
