@@ -21,7 +21,8 @@
 #   STEPS    GRPO steps (default 8; 4 with GSM8K)  EVAL_LIMIT  problems per benchmark (default 2)
 #   PROMPTS_PER_STEP  prompts a step (default 4); STEPS x it are trained on
 #   SAMPLES_PER_PROMPT  responses generated per prompt, the GRPO group (default 4)
-#   LR       learning rate (default 3e-5; 5e-5 with GSM8K)  SEED  training and held-out sampling seed (42)
+#   LR       learning rate (default 3e-5; 5e-5 with GSM8K)
+#   SEED     training and held-out sampling seed (default 42)
 #   HELDOUT  held-out problems, drawn from those not trained on (default: all of them, 0, with the
 #            arithmetic problems: 293 at the default 8 steps of 4 prompts; 146 with GSM8K)
 #   HELDOUT_SAMPLES  samples per held-out problem (default 1; on 146 problems, 2 narrowed the interval
